@@ -1,0 +1,34 @@
+"""Arrow record batches ↔ numpy matrices, for ``mapInArrow`` partition functions (no per-row Python)."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+
+def batch_matrix(batch: pa.RecordBatch, vector_col: str, dimension: int) -> np.ndarray:
+    """(B, dimension) float64 view of a validated ``array<double>`` column of an Arrow batch.
+
+    Raises ValueError naming the batch row if a vector is null or has another length, so a contract
+    violation can never be silently reshaped into the wrong rows.
+    """
+    column = batch.column(batch.schema.get_field_index(vector_col))
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if column.null_count:
+        raise ValueError(f"null vector in column {vector_col!r} at batch row {column.is_null().index(True).as_py()}")
+    offsets = np.asarray(column.offsets)
+    lengths = np.diff(offsets)
+    if lengths.size and not (lengths == dimension).all():
+        bad = int(np.argmax(lengths != dimension))
+        raise ValueError(f"vector in column {vector_col!r} at batch row {bad} has length {lengths[bad]}, expected {dimension}")
+    values = np.asarray(column.values.to_numpy(zero_copy_only=False), dtype=np.float64)
+    start = offsets[0] if offsets.size else 0
+    return values[start:start + len(column) * dimension].reshape(len(column), dimension)
+
+
+def matrix_column(matrix: np.ndarray) -> pa.Array:
+    """Arrow ``list<double>`` array from a (B, d) float matrix, one list per row."""
+    matrix = np.ascontiguousarray(matrix, dtype=np.float64)
+    rows, d = matrix.shape
+    offsets = pa.array(np.arange(0, (rows + 1) * d, d, dtype=np.int32))
+    return pa.ListArray.from_arrays(offsets, pa.array(matrix.ravel()))

@@ -1,0 +1,62 @@
+"""One way to get a Delta-enabled SparkSession, embedded or on a cluster.
+
+* Under ``spark-submit`` (a session already configured with Delta via ``--packages`` / ``--jars``)
+  :func:`get_spark` just returns the active session: nothing is overridden.
+* Embedded (plain ``python -m jobs.…``): it builds a ``local[*]`` session (or ``master``) with the Delta
+  jars fetched by ``make setup`` into ``.jars/`` so no network is needed at run time.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+
+from pyspark.sql import SparkSession
+
+DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+DELTA_MAVEN_COORDINATE = "io.delta:delta-spark_2.13:4.0.0"
+JAR_DIR = pathlib.Path(os.environ.get("ANISOTROPY_JAR_DIR", pathlib.Path(__file__).resolve().parent.parent / ".jars"))
+
+
+def delta_jars() -> list[str]:
+    """Paths of the locally cached Delta jars; raises with the fix if ``make setup`` has not run."""
+    jars = sorted(str(p) for p in JAR_DIR.glob("delta-*.jar"))
+    if len(jars) < 2:
+        raise RuntimeError(
+            f"Delta jars not found in {JAR_DIR}: run `make setup` (or pass "
+            f"--packages {DELTA_MAVEN_COORDINATE} to spark-submit)"
+        )
+    return jars
+
+
+def get_spark(app_name: str = "anisotropy", master: str | None = None,
+              extra_conf: dict[str, str] | None = None) -> SparkSession:
+    """Return the active Delta-enabled session, or build an embedded one.
+
+    ``master``: Spark master URL for an embedded session (default ``local[*]``); ignored when a session
+    is already active (spark-submit decides). ``extra_conf``: additional Spark settings for a new session.
+    """
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .master(master or os.environ.get("ANISOTROPY_SPARK_MASTER", "local[*]"))
+        .config("spark.sql.extensions", DELTA_EXTENSION)
+        .config("spark.sql.catalog.spark_catalog", DELTA_CATALOG)
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.showConsoleProgress", "false")
+    )
+    if not _launched_by_spark_submit():
+        # embedded: Python workers run this interpreter (its numpy/pyarrow), the Delta jars come from .jars/
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        builder = builder.config("spark.jars", ",".join(delta_jars()))
+    for key, value in (extra_conf or {}).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def _launched_by_spark_submit() -> bool:
+    """True when a JVM gateway was started by spark-submit (it sets PYSPARK_GATEWAY_PORT)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
