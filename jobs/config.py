@@ -1,0 +1,105 @@
+"""Job configuration: YAML (safe loading only, no code execution) into typed, validated dataclasses.
+
+Each job declares its settings as a dataclass whose fields carry type hints and defaults. :func:`load`
+reads a YAML mapping, applies CLI overrides (``--key value``; ``None`` means "not given"), rejects
+unknown keys and wrong types with a message naming the key, and calls the dataclass's ``check()`` for
+cross-field rules (impossible values such as k > n or D ≥ d are checked where the data is known).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the offending key."""
+
+
+def load(schema: type[T], path: str | None, overrides: dict[str, Any] | None = None) -> T:
+    """Build a ``schema`` dataclass from the YAML file at ``path`` (optional) plus non-None ``overrides``."""
+    raw: dict[str, Any] = {}
+    if path:
+        with open(path, encoding="utf-8") as handle:
+            loaded = yaml.safe_load(handle)
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: top level must be a mapping of settings, got {type(loaded).__name__}")
+        raw.update(loaded or {})
+    raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return from_mapping(schema, raw, where=path or "config")
+
+
+def from_mapping(schema: type[T], raw: dict[str, Any], where: str = "config") -> T:
+    """Validate ``raw`` against the fields of ``schema`` (recursing into nested dataclasses)."""
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(fields)}")
+    hints = typing.get_type_hints(schema)
+    values = {}
+    for name, value in raw.items():
+        values[name] = _coerce(hints[name], value, f"{where}.{name}")
+    missing = [n for n, f in fields.items() if n not in values
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"{where}: missing required key(s) {missing}")
+    config = schema(**values)
+    check = getattr(config, "check", None)
+    if check is not None:
+        problems = check()
+        if problems:
+            raise ConfigError(f"{where}: " + "; ".join(problems))
+    return config
+
+
+def _coerce(hint: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in (o for o in options if o is not type(None)):
+            try:
+                return _coerce(option, value, where)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0])
+    if origin is typing.Literal:
+        allowed = typing.get_args(hint)
+        if value not in allowed:
+            raise ConfigError(f"{where}: {value!r} is not one of {list(allowed)}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {type(value).__name__}")
+        (item,) = typing.get_args(hint)[:1] or (Any,)
+        return [_coerce(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+        return dict(value)
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+        return from_mapping(hint, value, where)
+    if hint is Any:
+        return value
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, float) and isinstance(value, bool) or not isinstance(value, hint):
+        raise ConfigError(f"{where}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def config_hash(config: Any) -> str:
+    """Stable sha256 of a config dataclass (sorted JSON), recorded with every run."""
+    payload = json.dumps(dataclasses.asdict(config), sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
