@@ -102,6 +102,11 @@ class ValidatedInput:
     dimension: int
     invalid_count: int
     invalid_by_reason: dict[str, int]
+    tagged: DataFrame  # the cached input with its reason column; :meth:`release` frees it
+
+    def release(self) -> None:
+        """Drop the cached validation pass once the caller is done with ``valid``."""
+        self.tagged.unpersist()
 
 
 def validate(df: DataFrame, vector_col: str, id_col: str, dimension: int | None = None,
@@ -137,4 +142,4 @@ def validate(df: DataFrame, vector_col: str, id_col: str, dimension: int | None 
     valid = tagged.where(F.col(REASON_COLUMN).isNull()).drop(REASON_COLUMN)
     if valid.isEmpty():
         raise InvalidRowsError(f"no valid rows left in column {vector_col!r} after validation ({counts})")
-    return ValidatedInput(valid=valid, dimension=d, invalid_count=invalid, invalid_by_reason=counts)
+    return ValidatedInput(valid=valid, dimension=d, invalid_count=invalid, invalid_by_reason=counts, tagged=tagged)

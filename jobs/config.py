@@ -7,6 +7,7 @@ cross-field rules (impossible values such as k > n or D ≥ d are checked where 
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import json
@@ -103,3 +104,28 @@ def config_hash(config: Any) -> str:
     """Stable sha256 of a config dataclass (sorted JSON), recorded with every run."""
     payload = json.dumps(dataclasses.asdict(config), sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def parse_args(schema: type[T], argv: list[str] | None, description: str) -> tuple[T, argparse.Namespace]:
+    """CLI for a job: ``--conf FILE`` plus one ``--field-name VALUE`` override per config field.
+
+    Override values are parsed as YAML scalars/lists (``3`` → int, ``null`` → None, ``[a, b]`` → list),
+    then validated exactly like the file. Returns the config and the raw namespace (for job-only flags).
+    """
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--conf", help="YAML config file (see conf/)")
+    for field in dataclasses.fields(schema):
+        parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=None,
+                            metavar="VALUE", help=f"override {field.name}")
+    args = parser.parse_args(argv)
+    hints = typing.get_type_hints(schema)
+    overrides = {name: _parse_cli_value(hints[name], getattr(args, name)) for name in hints}
+    return load(schema, args.conf, overrides), args
+
+
+def _parse_cli_value(hint: Any, text: str | None) -> Any:
+    """A CLI string as the field expects it: verbatim for text fields, else a YAML scalar or list."""
+    if text is None:
+        return None
+    text_only = hint is str or set(typing.get_args(hint)) <= {str, type(None)} and str in typing.get_args(hint)
+    return text if text_only else yaml.safe_load(text)

@@ -1,0 +1,162 @@
+"""Diagnosis job: measure how anisotropic an embedding table is, in one pass.
+
+    python -m jobs.diagnose --conf conf/diagnose.yaml [--input PATH] [--vector-col C] [--id-col C] ...
+    spark-submit --packages io.delta:delta-spark_2.13:4.0.0 jobs/diagnose.py --conf conf/diagnose.yaml
+
+Writes ``report.json`` and ``report.md`` to ``output_dir``, prints the Markdown summary, and appends one
+row of scalar metrics to the Delta ``metrics_table`` so diagnoses can be tracked night over night.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import sys
+import uuid
+from typing import Literal
+
+if __package__ in (None, ""):  # spark-submit runs this file as a script: make the project importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np
+from pyspark.sql import SparkSession
+
+from anisotropy_spark.diagnostics import diagnose_dataframe, u1_artefact_test
+from anisotropy_spark.io import as_double_array, read_table, validate
+from anisotropy_spark.session import get_spark
+from jobs.config import config_hash, parse_args
+
+SCALAR_METRICS = ["n", "d", "offset_ratio", "anisotropy_A", "isotropic_sd", "top1_var", "top10_var",
+                  "effective_rank", "erank_frac", "mean_norm_ratio", "raw_top1_share", "numerical_rank",
+                  "mp_lower", "mp_upper", "mp_above_upper", "power_law_alpha"]
+
+METRIC_MEANINGS = {
+    "offset_ratio": "‖mean of unit vectors‖: 0 = centred on the origin, 1 = all vectors point the same way",
+    "anisotropy_A": "average pairwise cosine, exact: (n·offset² − 1)/(n − 1)",
+    "isotropic_sd": "1/√d, the spread of cosines between unrelated vectors in an isotropic space",
+    "top1_var": "share of centred variance along the first principal direction",
+    "top10_var": "share of centred variance in the first 10 principal directions",
+    "effective_rank": "exp(entropy of the centred spectrum): dimensions actually used",
+    "erank_frac": "effective_rank / d",
+    "mean_norm_ratio": "‖μ‖ / mean ‖v‖: the raw mean's length relative to a typical vector",
+    "raw_top1_share": "top-1 share of the uncentred second moment (offset + shape together)",
+    "numerical_rank": "eigenvalues above 1e-10·λ₁ (below d means rank collapse)",
+    "mp_upper": "Marchenko–Pastur upper edge for isotropic data of this n, d and total variance",
+    "mp_above_upper": "eigenvalues above that edge: directions that are more than sampling noise",
+    "power_law_alpha": "slope α of the log-log spectrum, λ_k ∝ k^−α",
+}
+
+
+@dataclasses.dataclass
+class DiagnoseConfig:
+    """Settings of the diagnosis job (conf/diagnose.yaml)."""
+
+    input: str
+    vector_col: str = "vector"
+    id_col: str = "id"
+    dimension: int | None = None
+    input_version: int | None = None
+    metadata_cols: list[str] = dataclasses.field(default_factory=list)
+    label_col: str | None = None
+    on_invalid: Literal["error", "quarantine"] = "error"
+    quarantine_path: str | None = None
+    output_dir: str = "out/diagnose"
+    metrics_table: str | None = "out/metrics"
+    master: str | None = None
+
+    def check(self) -> list[str]:
+        problems = []
+        if self.on_invalid == "quarantine" and not self.quarantine_path:
+            problems.append("on_invalid: quarantine needs quarantine_path")
+        if self.dimension is not None and self.dimension < 1:
+            problems.append(f"dimension must be ≥ 1, got {self.dimension}")
+        return problems
+
+
+def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
+    """Read, validate, diagnose and run the artefact test; returns the full JSON-ready report."""
+    df, ref = read_table(spark, config.input, config.input_version)
+    checked = validate(as_double_array(df, config.vector_col), config.vector_col, config.id_col,
+                       config.dimension, config.on_invalid, config.quarantine_path)
+    report = diagnose_dataframe(checked.valid, config.vector_col, checked.dimension)
+    artefact = u1_artefact_test(checked.valid, config.vector_col, report, config.metadata_cols, config.label_col)
+    checked.release()
+    return {
+        "run_id": uuid.uuid4().hex,
+        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "input": dataclasses.asdict(ref),
+        "config_hash": config_hash(config),
+        "invalid_rows": checked.invalid_count,
+        "invalid_by_reason": checked.invalid_by_reason,
+        "metrics": {k: _plain(report[k]) for k in SCALAR_METRICS},
+        "spectrum": report["spectrum"].tolist(),
+        "u1": report["u1"].tolist(),
+        "mean": report["mean"].tolist(),
+        "artefact": artefact,
+    }
+
+
+def _plain(value):
+    """numpy scalar → Python scalar (JSON and Spark rows accept only plain types)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def markdown_summary(result: dict) -> str:
+    """Human-readable report: one table of metrics with their meaning, then the artefact test."""
+    m = result["metrics"]
+    ref = result["input"]
+    lines = [f"# Anisotropy diagnosis of `{ref['path']}`" + (f" (Delta version {ref['version']})" if ref["version"] is not None else ""),
+             "", f"run `{result['run_id']}` · {result['created_at']} · invalid rows: {result['invalid_rows']}"
+             + (f" {result['invalid_by_reason']}" if result["invalid_rows"] else ""), "",
+             "| metric | value | meaning |", "|---|---|---|"]
+    for key in SCALAR_METRICS:
+        value = m[key]
+        shown = f"{value:.6g}" if isinstance(value, float) else str(value)
+        lines.append(f"| {key} | {shown} | {METRIC_MEANINGS.get(key, '')} |")
+    sigma = (m["anisotropy_A"] / m["isotropic_sd"]) if m["isotropic_sd"] else float("nan")
+    lines += ["", f"A is {sigma:.1f} isotropic standard deviations above 0."]
+    artefact = result["artefact"]
+    if artefact["abs_corr"] or artefact["label_means"]:
+        lines += ["", "## Is u1 an artefact? (|corr| of the u1 projection)", ""]
+        lines += [f"- {name}: {'undefined (constant column)' if c is None else f'{c:.4f}'}"
+                  for name, c in artefact["abs_corr"].items()]
+        lines += [f"- mean projection for label {label!r}: {v:+.4f}" for label, v in artefact["label_means"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def append_metrics_row(spark: SparkSession, table: str, result: dict) -> None:
+    """Append one row (run id, time, input path + version, config hash, scalar metrics) to a Delta table."""
+    row = {"run_id": result["run_id"], "created_at": datetime.datetime.fromisoformat(result["created_at"]),
+           "input_path": result["input"]["path"], "input_version": result["input"]["version"],
+           "config_hash": result["config_hash"], "invalid_rows": result["invalid_rows"]}
+    row.update({k: float(v) if isinstance(v, float) else v for k, v in result["metrics"].items()})
+    schema = ("run_id string, created_at timestamp, input_path string, input_version long, config_hash string, "
+              "invalid_rows long, " + ", ".join(
+                  f"{k} {'double' if isinstance(result['metrics'][k], float) else 'long'}" for k in SCALAR_METRICS))
+    spark.createDataFrame([row], schema).write.format("delta").mode("append").save(table)
+
+
+def write_outputs(spark: SparkSession, config: DiagnoseConfig, result: dict) -> str:
+    """Write report.json / report.md and the metrics row; returns the Markdown text."""
+    os.makedirs(config.output_dir, exist_ok=True)
+    with open(os.path.join(config.output_dir, "report.json"), "w", encoding="utf-8") as handle:
+        json.dump(result, handle, indent=2, default=str)
+    summary = markdown_summary(result)
+    with open(os.path.join(config.output_dir, "report.md"), "w", encoding="utf-8") as handle:
+        handle.write(summary)
+    if config.metrics_table:
+        append_metrics_row(spark, config.metrics_table, result)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    config, _ = parse_args(DiagnoseConfig, argv, "Diagnose the anisotropy of an embedding table")
+    spark = get_spark("anisotropy-diagnose", master=config.master)
+    result = run_diagnosis(spark, config)
+    print(write_outputs(spark, config, result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

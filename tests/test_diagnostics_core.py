@@ -1,0 +1,168 @@
+"""Golden numbers of seed chapters 1 and 9, and the numerics of the mergeable moments."""
+import numpy as np
+import pytest
+
+from anisotropy_core import Moments, artefact_test, diagnose
+from anisotropy_core.diagnostics import (
+    effective_rank, marchenko_pastur_edges, project_on_u1)
+from anisotropy_core.moments import InvalidVectorsError
+from anisotropy_core.synthetic import power_law
+
+SIX = np.array([[3, 1, 0], [3, 0, 1], [3, -1, 0], [3, 0, -1], [4, 0.5, 0.5], [2, -0.5, -0.5]], dtype=float)
+SIX_LENGTHS = np.array([10, 10, 10, 10, 14, 6], dtype=float)
+
+
+def test_diagnose_golden():
+    r = diagnose(SIX)
+    assert abs(r["offset_ratio"] - 0.954082) < 1e-5
+    assert abs(r["anisotropy_A"] - 0.892325) < 1e-5
+    assert abs(r["top1_var"] - 4 / 7) < 1e-6
+    assert abs(r["effective_rank"] - 2.6005) < 1e-3
+    n = SIX.shape[0]
+    assert abs(r["anisotropy_A"] - (n * r["offset_ratio"] ** 2 - 1) / (n - 1)) < 1e-12
+    proj = project_on_u1(SIX, r)
+    assert abs(abs(np.corrcoef(proj, SIX_LENGTHS)[0, 1]) - 0.816497) < 1e-5
+
+
+def test_six_vectors_every_longhand_number():
+    r = diagnose(SIX)
+    np.testing.assert_allclose(r["spectrum"], [2 / 3, 1 / 3, 1 / 6], atol=1e-12)
+    np.testing.assert_allclose(r["u1"], np.ones(3) / np.sqrt(3), atol=1e-12)  # canonical sign: positive
+    np.testing.assert_allclose(r["mean"], [3, 0, 0], atol=1e-12)
+    assert abs(r["isotropic_sd"] - 0.577350) < 1e-6
+    # brute force: thirty ordered pairwise cosines sum to 26.769756
+    unit = SIX / np.linalg.norm(SIX, axis=1, keepdims=True)
+    cos = unit @ unit.T
+    pair_sum = cos.sum() - np.trace(cos)
+    assert abs(pair_sum / 30 - r["anisotropy_A"]) < 1e-12   # brute force == identity, to machine precision
+    assert abs(pair_sum - 26.769756) < 5e-5                  # the seed's longhand sum (rounded inputs)
+    proj = project_on_u1(SIX, r)
+    np.testing.assert_allclose(np.abs(proj), [0.577350] * 4 + [1.154701] * 2, atol=1e-6)
+    art = artefact_test(proj, {"length": SIX_LENGTHS, "constant": np.ones(6)}, labels=np.array(list("aaaabc")))
+    assert abs(art["abs_corr"]["length"] - 0.816497) < 1e-5
+    assert art["abs_corr"]["constant"] is None
+    assert abs(abs(art["label_means"]["b"]) - 1.154701) < 1e-6
+
+
+def test_five_plane_vectors_A_and_offset():
+    angles = np.deg2rad([10, 25, 40, 5, 30])
+    r = diagnose(np.stack([np.cos(angles), np.sin(angles)], axis=1))
+    assert abs(r["anisotropy_A"] - 0.93799) < 1e-5
+    assert abs(r["offset_ratio"] - 0.9749) < 1e-4
+
+
+def test_effective_rank_worked_examples():
+    assert abs(effective_rank(np.array([0.90, 0.06, 0.04])) - 1.48) < 5e-3
+    harmonic = 1 / np.arange(1, 6)
+    assert abs(effective_rank(harmonic) - 4.181) < 1e-3
+    assert abs(np.log(effective_rank(harmonic)) - 1.430558) < 1e-6
+    assert abs(harmonic[0] / harmonic.sum() - 0.437956) < 1e-6
+    assert effective_rank(np.array([1.0, 1.0, 0.0])) == pytest.approx(2.0)
+
+
+def test_two_separated_clusters_top1_and_erank():
+    """Seed ch. 7: clusters at (±2, 0, 0), isotropic σ = 0.5, equal sizes → λ = (4.25, 0.25, 0.25)."""
+    lam = np.array([4.25, 0.25, 0.25])
+    assert abs(lam[0] / lam.sum() - 0.895) < 5e-4
+    assert abs(effective_rank(lam) - 1.506) < 5e-4
+    rng = np.random.default_rng(11)
+    centres = np.repeat([[2.0, 0, 0], [-2.0, 0, 0]], 100_000, axis=0)
+    r = diagnose(centres + 0.5 * rng.normal(size=centres.shape))
+    assert abs(r["top1_var"] - 0.895) < 2e-3 and abs(r["effective_rank"] - 1.506) < 5e-3
+    assert abs(abs(r["u1"][0]) - 1) < 1e-3
+
+
+def test_marchenko_pastur_worked_example_and_simulation():
+    lower, upper = marchenko_pastur_edges(5000, 768)
+    assert abs(upper - 1.937) < 1e-3 and abs(lower - 0.370) < 1e-3
+    rng = np.random.default_rng(7)
+    r = diagnose(rng.normal(size=(5000, 768)))
+    assert abs(r["spectrum"][0] - 1.937) < 0.03     # seed's simulation: 1.934
+    assert abs(r["spectrum"][-1] - 0.370) < 0.03    # seed's simulation: 0.367
+    assert r["mp_above_upper"] <= 2                 # pure noise: essentially nothing above the edge
+    assert abs(r["effective_rank"] - 711) < 5       # seed: 711 at n = 5000
+
+
+def test_moments_merge_is_exact_for_huge_offsets():
+    """Mean norm 10⁴ × spread: Chan merge keeps covariance to 1e-9, the naive gram/n − μμᵀ does not."""
+    rng = np.random.default_rng(0)
+    d = 16
+    cloud = power_law(20000, d, alpha=1.0, seed=3)
+    direction = rng.normal(size=d)
+    spread = np.sqrt(np.trace(np.cov(cloud.T, bias=True)))
+    X = cloud + 1e4 * spread * direction / np.linalg.norm(direction)
+    reference = np.cov(X.T, bias=True)  # float64 two-pass
+    state = Moments.empty(d)
+    for chunk in np.array_split(X, 37):
+        state = state.merge(Moments.of_batch(chunk))
+    rel = np.linalg.norm(state.covariance() - reference) / np.linalg.norm(reference)
+    assert rel <= 1e-9
+    gram, total = np.zeros((d, d)), np.zeros(d)
+    for chunk in np.array_split(X, 37):
+        gram += chunk.T @ chunk
+        total += chunk.sum(0)
+    mu = total / len(X)
+    naive = gram / len(X) - np.outer(mu, mu)
+    assert np.linalg.norm(naive - reference) / np.linalg.norm(reference) > 1e-9  # the seed's sketch fails the bound
+
+
+def test_merge_order_and_wire_format():
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(300, 5)) + 3
+    a, b, c = (Moments.of_batch(p) for p in np.array_split(X, 3))
+    left, right = a.merge(b).merge(c), a.merge(b.merge(c))
+    np.testing.assert_allclose(left.comoment, right.comoment, rtol=1e-12)
+    back = Moments.from_bytes(left.to_bytes())
+    assert back.n == 300 and np.array_equal(back.comoment, left.comoment) and np.array_equal(back.sum_unit, left.sum_unit)
+    assert Moments.empty(5).merge(a) is a and a.merge(Moments.empty(5)) is a
+    with pytest.raises(ValueError, match="dimension"):
+        a.merge(Moments.empty(4))
+
+
+def test_report_has_every_key_and_rank_collapse():
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(500, 3)) @ rng.normal(size=(3, 10))  # rank 3 in 10 dimensions
+    r = diagnose(X)
+    for key in ["n", "d", "offset_ratio", "anisotropy_A", "isotropic_sd", "top1_var", "top10_var",
+                "effective_rank", "erank_frac", "spectrum", "raw_top1_share", "numerical_rank",
+                "mp_lower", "mp_upper", "mp_above_upper", "power_law_alpha", "u1"]:
+        assert key in r
+    assert r["numerical_rank"] == 3
+    assert r["spectrum"].shape == (10,) and np.all(np.diff(r["spectrum"]) <= 0)
+
+
+def test_power_law_slope_recovered():
+    lam = np.arange(1, 101, dtype=float) ** -1.6
+    from anisotropy_core.diagnostics import power_law_slope
+    assert abs(power_law_slope(lam) - 1.6) < 1e-9
+
+
+def test_raw_second_moment_sees_the_offset():
+    """S = Σ + μμᵀ: a large offset makes the raw top-1 share ≈ 1 while the centred shape is isotropic."""
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(4000, 20)) + 10 * np.eye(20)[0]
+    r = diagnose(X)
+    assert r["raw_top1_share"] > 0.8 and r["top1_var"] < 0.1
+
+
+@pytest.mark.parametrize("bad, message", [
+    (np.array([[1.0, np.nan], [1.0, 2.0]]), "non-finite"),
+    (np.array([[0.0, 0.0], [1.0, 2.0]]), "zero-length"),
+])
+def test_bad_batches_are_named(bad, message):
+    with pytest.raises(InvalidVectorsError, match=message):
+        Moments.of_batch(bad)
+
+
+def test_n_equal_one_and_identical_vectors_are_clear_errors():
+    with pytest.raises(ValueError, match="at least 2"):
+        diagnose(np.array([[1.0, 2.0]]))
+    with pytest.raises(ValueError, match="identical"):
+        diagnose(np.ones((4, 3)))
+
+
+def test_n_smaller_than_d_is_finite():
+    rng = np.random.default_rng(5)
+    r = diagnose(rng.normal(size=(10, 50)))
+    assert r["numerical_rank"] == 9
+    assert all(np.isfinite(r[k]) for k in ["anisotropy_A", "effective_rank", "top1_var", "mp_upper", "power_law_alpha"])
