@@ -1,0 +1,328 @@
+"""Fitted corrections of an embedding cloud (seed chapters 3 and 6), pure numpy.
+
+Every fit starts from a merged :class:`~anisotropy_core.moments.Moments` state (one streaming pass) and
+one driver-side ``eigh`` of its *centred* covariance Σ (1/n normalisation). Row-vector convention:
+vectors are rows, a batch is an (n, d) matrix, matrices act on the right.
+
+* :class:`Center`        — z = v − μ.                                       (n, d) → (n, d)
+* :class:`AllButTheTop`  — z = (v − μ) P,  P = I − UᵀU, U (D, d) the top-D principal directions of Σ
+                           (never of the uncentred second moment S = Σ + μμᵀ, whose top direction is
+                           essentially μ and would waste the first removal on redoing the centring).
+                                                                             (n, d) → (n, d)
+* :class:`Whitening`     — z = (v − μ) W,  W = U_k Λ_k^{-1/2} (d, k), or the symmetric/ZCA
+                           W = U_k Λ_k^{-1/2} U_kᵀ (d, d); optional shrinkage of Σ toward (tr Σ/d)·I,
+                           a relative eigenvalue clamp, optional L2 normalisation of the output.
+                                                                             (n, d) → (n, k) or (n, d)
+
+A fitted transform is a small object with ``method`` (registry name), ``d_in``/``d_out``, ``apply(X)``,
+``params()`` (JSON-serialisable scalars) and ``arrays()`` (name → float64 ndarray); :func:`from_parts`
+rebuilds any registered type from those two dicts, which is all the artifact and Spark layers use.
+New transform types (e.g. cluster-wise recentring) register themselves with :func:`register`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .diagnostics import centred_spectrum, marchenko_pastur_edges
+from .moments import Moments
+
+REGISTRY: dict[str, type["FittedTransform"]] = {}
+
+DEFAULT_EPS = 1e-12   # whitening clamp: eigenvalues below eps·λ₁ are raised to eps·λ₁
+
+
+class TransformInputError(ValueError):
+    """Input to ``apply`` has the wrong shape or a non-finite value (message names the row/column)."""
+
+
+class NonFiniteOutputError(ValueError):
+    """A transformed row is non-finite or cannot be normalised; ``row`` is its index in the batch."""
+
+    def __init__(self, message: str, row: int):
+        super().__init__(message)
+        self.row = row
+
+
+def register(cls: type["FittedTransform"]) -> type["FittedTransform"]:
+    """Class decorator: make ``cls`` loadable by its ``method`` name via :func:`from_parts`."""
+    REGISTRY[cls.method] = cls
+    return cls
+
+
+def from_parts(method: str, params: dict[str, Any], arrays: dict[str, np.ndarray]) -> "FittedTransform":
+    """Rebuild a fitted transform from its ``method`` name, ``params()`` and ``arrays()``."""
+    if method not in REGISTRY:
+        raise ValueError(f"unknown transform method {method!r}; known: {sorted(REGISTRY)}")
+    return REGISTRY[method].from_parts(params, arrays)
+
+
+class FittedTransform:
+    """Base of all fitted corrections. Subclasses set ``method`` and implement ``_map`` (centred → output)."""
+
+    method: ClassVar[str] = ""
+
+    def __init__(self, mean: np.ndarray):
+        self.mean = np.asarray(mean, dtype=np.float64)   # (d_in,)
+
+    @property
+    def d_in(self) -> int:
+        return int(self.mean.shape[0])
+
+    @property
+    def d_out(self) -> int:
+        return self.d_in
+
+    def params(self) -> dict[str, Any]:
+        """JSON-serialisable scalar hyper-parameters and fit facts (D, k, which rule chose D, …)."""
+        return {}
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every fitted array, float64; ``mean`` (d_in,) always included."""
+        return {"mean": self.mean}
+
+    @classmethod
+    def from_parts(cls, params: dict[str, Any], arrays: dict[str, np.ndarray]) -> "FittedTransform":
+        raise NotImplementedError
+
+    def apply(self, vectors: np.ndarray) -> np.ndarray:
+        """Transform raw vectors (n, d_in) or one vector (d_in,) → (n, d_out) or (d_out,), float64.
+
+        Raises :class:`TransformInputError` on a dimension mismatch or a non-finite input value and
+        :class:`NonFiniteOutputError` if an output row would be non-finite (never returns NaN/Inf).
+        """
+        x = np.asarray(vectors, dtype=np.float64)
+        single = x.ndim == 1
+        x = check_input(x[None, :] if single else x, self.d_in)
+        out = self._map(x - self.mean)
+        bad = ~np.isfinite(out).all(axis=1)
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise NonFiniteOutputError(f"{self.method}: transformed row {row} is not finite", row)
+        return out[0] if single else out
+
+    def _map(self, centred: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
+def check_input(x: np.ndarray, d: int) -> np.ndarray:
+    """Return ``x`` if it is an (n, d) finite matrix; otherwise raise naming the first bad row/column."""
+    if x.ndim != 2 or x.shape[1] != d:
+        raise TransformInputError(
+            f"input has shape {x.shape} but the transform was fitted on dimension {d}: "
+            "apply it only to vectors from the same embedding model")
+    finite = np.isfinite(x)
+    if not finite.all():
+        row, col = (int(i) for i in np.argwhere(~finite)[0])
+        raise TransformInputError(f"non-finite input value at row {row}, column {col}")
+    return x
+
+
+@register
+class Center(FittedTransform):
+    """z = v − μ (the offset fix: removes the rank-one spike μμᵀ from S = Σ + μμᵀ)."""
+
+    method = "center"
+
+    @classmethod
+    def from_parts(cls, params, arrays):
+        return cls(arrays["mean"])
+
+    def _map(self, centred):
+        return centred
+
+
+@register
+class AllButTheTop(FittedTransform):
+    """Centre, then project out U (D, d), the top-D principal directions of the centred covariance.
+
+    ``eigenvalues`` (d,) is the full centred spectrum (descending), kept for reporting;
+    ``d_rule`` names the rule that chose D (see :func:`choose_d`).
+    """
+
+    method = "abtt"
+
+    def __init__(self, mean, components, eigenvalues, d_rule="explicit"):
+        super().__init__(mean)
+        self.components = np.asarray(components, dtype=np.float64).reshape(-1, self.d_in)  # (D, d)
+        self.eigenvalues = np.asarray(eigenvalues, dtype=np.float64)                         # (d,)
+        self.d_rule = d_rule
+
+    @property
+    def D(self) -> int:
+        return int(self.components.shape[0])
+
+    def params(self):
+        return {"D": self.D, "d_rule": self.d_rule}
+
+    def arrays(self):
+        return {"mean": self.mean, "components": self.components, "eigenvalues": self.eigenvalues}
+
+    @classmethod
+    def from_parts(cls, params, arrays):
+        return cls(arrays["mean"], arrays["components"], arrays["eigenvalues"], params.get("d_rule", "explicit"))
+
+    def projector(self) -> np.ndarray:
+        """(d, d) symmetric idempotent P = I − UᵀU."""
+        return np.eye(self.d_in) - self.components.T @ self.components
+
+    def _map(self, centred):
+        return centred - (centred @ self.components.T) @ self.components
+
+    def query_side(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The "no re-index" identity (seed chapter 3): score RAW documents with a transformed query.
+
+        For raw queries (m, d) returns (q′ (m, d), offset (m,)) with q′ = P(q − μ) and offset = μ·q′, so
+        that for raw documents V (n, d): ``V @ q′.T − offset`` equals ``abtt(V) @ abtt(q).T`` exactly,
+        because P is symmetric and idempotent: (v−μ)ᵀP P(q−μ) = vᵀP(q−μ) − μᵀP(q−μ). The offset is one
+        number per query, so a raw dot-product index ranks documents identically without it.
+        (This holds for dot products; ABTT cosines also need the transformed document norms.)
+        """
+        q_prime = np.atleast_2d(self.apply(queries))
+        return q_prime, q_prime @ self.mean
+
+
+@register
+class Whitening(FittedTransform):
+    """z = (v − μ) W with W (d, d_out); see the module docstring for the ZCA and normalised variants.
+
+    ``eigenvalues`` (d,) are those of the (shrunk) covariance before clamping, descending;
+    ``clamped`` counts kept eigenvalues that were raised to the clamp floor eps·λ₁.
+    """
+
+    method = "whitening"
+
+    def __init__(self, mean, matrix, eigenvalues, k, shrinkage=0.0, eps=DEFAULT_EPS, zca=False,
+                 normalize=False, clamped=0):
+        super().__init__(mean)
+        self.matrix = np.asarray(matrix, dtype=np.float64)          # (d, d_out)
+        self.eigenvalues = np.asarray(eigenvalues, dtype=np.float64)
+        self.k, self.shrinkage, self.eps = int(k), float(shrinkage), float(eps)
+        self.zca, self.normalize, self.clamped = bool(zca), bool(normalize), int(clamped)
+
+    @property
+    def d_out(self) -> int:
+        return int(self.matrix.shape[1])
+
+    def params(self):
+        return {"k": self.k, "shrinkage": self.shrinkage, "eps": self.eps, "zca": self.zca,
+                "normalize": self.normalize, "clamped": self.clamped}
+
+    def arrays(self):
+        return {"mean": self.mean, "matrix": self.matrix, "eigenvalues": self.eigenvalues}
+
+    @classmethod
+    def from_parts(cls, params, arrays):
+        return cls(arrays["mean"], arrays["matrix"], arrays["eigenvalues"], **params)
+
+    def _map(self, centred):
+        z = centred @ self.matrix
+        if not self.normalize:
+            return z
+        norms = np.linalg.norm(z, axis=1, keepdims=True)
+        zero = norms[:, 0] == 0
+        if zero.any():
+            row = int(np.argmax(zero))
+            raise NonFiniteOutputError(
+                f"whitening: row {row} equals the fitted mean, so it cannot be L2-normalised", row)
+        return z / norms
+
+
+# ---------------------------------------------------------------------------------------------- fitting
+
+
+def fit_center(state: Moments) -> Center:
+    """Center from a moments state (d,) mean."""
+    _require_spread(state)
+    return Center(state.mean)
+
+
+def choose_d(eigenvalues: np.ndarray, n: int, d: int, D: int | None = None,
+             max_D: int | None = None) -> tuple[int, str]:
+    """Number of top directions to remove, and the rule that chose it.
+
+    ``eigenvalues``: (d,) centred covariance spectrum, descending.
+
+    * ``D`` given → ``"explicit"`` (must satisfy 0 ≤ D < d and D ≤ n − 1, the rank of the centred data).
+    * ``n ≤ d`` → ``"rule_of_thumb_d/100"``: D = max(1, round(d/100)) (Mu & Viswanath). The
+      Marchenko–Pastur null is not informative when the covariance is rank-deficient.
+    * otherwise → ``"marchenko_pastur"``: the count of eigenvalues above the MP upper edge
+      σ²(1+√(d/n))² of an isotropic cloud with the same total variance (σ² = tr Σ / d) — a measurement
+      of how many directions are signal rather than sampling noise — capped at ``max_D``
+      (default: the rule of thumb max(1, round(d/100))); ``"marchenko_pastur_capped"`` when the cap bit.
+      Zero directions above the edge gives D = 0 (ABTT reduces to centring; seed chapter 7, failure six).
+    """
+    thumb = max(1, round(d / 100))
+    if D is not None:
+        if not 0 <= D < d or D > max(n - 1, 0):
+            raise ValueError(f"D={D} must satisfy 0 <= D < d={d} and D <= n-1={n - 1}")
+        return int(D), "explicit"
+    if n <= d:
+        return min(thumb, max(n - 1, 0)), "rule_of_thumb_d/100"
+    cap = thumb if max_D is None else int(max_D)
+    if cap < 0:
+        raise ValueError(f"max_D must be >= 0, got {max_D}")
+    lam = np.asarray(eigenvalues, dtype=np.float64)
+    _, upper = marchenko_pastur_edges(n, d, variance=float(lam.sum()) / d)
+    above = int((lam > upper).sum())
+    return (cap, "marchenko_pastur_capped") if above > cap else (above, "marchenko_pastur")
+
+
+def fit_abtt(state: Moments, D: int | None = None, max_D: int | None = None) -> AllButTheTop:
+    """All-but-the-Top from the CENTRED covariance of ``state``; D by :func:`choose_d`."""
+    _require_spread(state)
+    lam, vecs = centred_spectrum(state)               # (d,), (d, d) columns, sign-canonical
+    chosen, rule = choose_d(lam, state.n, state.d, D, max_D)
+    return AllButTheTop(state.mean, vecs[:, :chosen].T, lam, rule)
+
+
+def fit_whitening(state: Moments, k: int | None = None, shrinkage: float = 0.0, eps: float = DEFAULT_EPS,
+                  zca: bool = False, normalize: bool = False) -> Whitening:
+    """Whitening-k from ``state``: W = U_k Λ_k^{-1/2} (d, k), or ZCA U_k Λ_k^{-1/2} U_kᵀ (d, d).
+
+    ``k``: kept directions (default d); ``shrinkage`` α ∈ [0, 1]: Σ ← (1−α)Σ + α(tr Σ/d)I;
+    ``eps`` > 0: eigenvalues below eps·λ₁ are clamped to eps·λ₁ (1/√0 would be an inf; for n ≤ d prefer
+    k < n or shrinkage — the clamped count is reported as ``clamped``).
+    """
+    _require_spread(state)
+    d = state.d
+    k = d if k is None else int(k)
+    if not 1 <= k <= d:
+        raise ValueError(f"k={k} must satisfy 1 <= k <= d={d}")
+    if not 0.0 <= shrinkage <= 1.0:
+        raise ValueError(f"shrinkage must be in [0, 1], got {shrinkage}")
+    if not eps > 0:
+        raise ValueError(f"eps must be > 0, got {eps}")
+    cov = state.covariance()
+    if shrinkage:
+        cov = (1.0 - shrinkage) * cov + shrinkage * np.trace(cov) / d * np.eye(d)
+    lam, vecs = np.linalg.eigh(cov)
+    lam, vecs = lam[::-1].copy(), vecs[:, ::-1]
+    floor = eps * lam[0]
+    kept = np.maximum(lam[:k], floor)
+    clamped = int((lam[:k] < floor).sum())
+    matrix = vecs[:, :k] / np.sqrt(kept)                  # (d, k) == U_k diag(λ^-1/2)
+    if zca:
+        matrix = matrix @ vecs[:, :k].T                  # (d, d)
+    return Whitening(state.mean, matrix, np.clip(lam, 0.0, None), k, shrinkage, eps, zca, normalize, clamped)
+
+
+FITTERS = {"center": fit_center, "abtt": fit_abtt, "whitening": fit_whitening}
+
+
+def fit(method: str, state: Moments, **params) -> FittedTransform:
+    """Dispatch to ``fit_<method>`` (``center``, ``abtt``, ``whitening``) with its keyword params."""
+    if method not in FITTERS:
+        raise ValueError(f"unknown method {method!r}; choose one of {sorted(FITTERS)}")
+    return FITTERS[method](state, **params)
+
+
+def _require_spread(state: Moments) -> None:
+    if state.n < 2:
+        raise ValueError(f"fitting a correction needs at least 2 vectors, got n={state.n}")
+    if not np.trace(state.covariance()) > 0:
+        raise ValueError("all vectors are identical: the covariance is zero and no correction is defined")
+    if not math.isfinite(float(np.abs(state.comoment).max())):
+        raise ValueError("the moments state holds non-finite values")
