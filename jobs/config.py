@@ -127,5 +127,6 @@ def _parse_cli_value(hint: Any, text: str | None) -> Any:
     """A CLI string as the field expects it: verbatim for text fields, else a YAML scalar or list."""
     if text is None:
         return None
-    text_only = hint is str or set(typing.get_args(hint)) <= {str, type(None)} and str in typing.get_args(hint)
+    is_union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    text_only = hint is str or is_union and set(typing.get_args(hint)) == {str, type(None)}
     return text if text_only else yaml.safe_load(text)

@@ -1,0 +1,180 @@
+"""The Spark diagnosis job: equality with anisotropy_core, input types, bad input, outputs, scale."""
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from chispa import assert_approx_df_equality
+from pyspark.ml.linalg import Vectors
+
+from anisotropy_core import diagnose
+from anisotropy_core.diagnostics import project_on_u1
+from anisotropy_core.synthetic import cone
+from anisotropy_spark.diagnostics import PROJECTION_COL, diagnose_dataframe, with_u1_projection
+from anisotropy_spark.io import InvalidRowsError, as_double_array, infer_dimension, validate
+from jobs import diagnose as job
+from jobs.config import ConfigError
+
+SCALARS = ["offset_ratio", "anisotropy_A", "top1_var", "top10_var", "effective_rank", "raw_top1_share",
+           "mp_upper", "power_law_alpha", "mean_norm_ratio"]
+
+
+def corpus(n=400, d=12, seed=0):
+    X = cone(n, d, offset=3.0, alpha=1.2, seed=seed)
+    token_count = (X @ np.arange(d) + 100).round()
+    return X, token_count
+
+
+def frame(spark, X, extra=None, vector_type="array<double>"):
+    rows = []
+    for i, v in enumerate(X):
+        vec = Vectors.dense(v) if vector_type == "vector" else (None if v is None else [float(x) for x in v])
+        rows.append((i, vec, *[(float(c[i]) if c[i] is not None else None) for c in (extra or {}).values()]))
+    cols = ", ".join(f"{name} double" for name in (extra or {}))
+    if vector_type == "vector":
+        return spark.createDataFrame(rows, ["id", "vector", *(extra or {})])
+    return spark.createDataFrame(rows, f"id long, vector {vector_type}" + (", " + cols if cols else ""))
+
+
+@pytest.mark.parametrize("vector_type", ["array<double>", "array<float>", "vector"])
+def test_spark_equals_core_to_1e10(spark, vector_type):
+    X, _ = corpus()
+    if vector_type == "array<float>":
+        X = X.astype(np.float32).astype(np.float64)
+    df = as_double_array(frame(spark, X, vector_type=vector_type).repartition(3), "vector")
+    got, want = diagnose_dataframe(df, "vector", X.shape[1]), diagnose(X)
+    for key in SCALARS:
+        assert abs(got[key] - want[key]) <= 1e-10 * max(1.0, abs(want[key])), key
+    np.testing.assert_allclose(got["spectrum"], want["spectrum"], rtol=1e-10, atol=1e-12)
+    assert got["n"] == want["n"] and got["numerical_rank"] == want["numerical_rank"]
+    assert abs(abs(got["u1"] @ want["u1"]) - 1) < 1e-10
+
+
+def test_projection_dataframe_equals_numpy_with_chispa(spark):
+    X, tokens = corpus(n=200, d=6, seed=3)
+    df = as_double_array(frame(spark, X, {"token_count": tokens}), "vector")
+    report = diagnose_dataframe(df, "vector", 6)
+    actual = with_u1_projection(df, "vector", report).orderBy("id")
+    expected_proj = project_on_u1(X, diagnose(X))
+    expected = spark.createDataFrame(
+        [(i, float(tokens[i]), float(p)) for i, p in enumerate(expected_proj)],
+        f"id long, token_count double, {PROJECTION_COL} double")
+    assert_approx_df_equality(actual, expected, precision=1e-10, ignore_nullable=True)
+
+
+def write_delta(spark, df, path):
+    df.write.format("delta").mode("overwrite").save(path)
+    return path
+
+
+def test_job_end_to_end_writes_report_and_metrics(spark, tmp_path, capsys):
+    X, tokens = corpus(n=300, d=8, seed=5)
+    labels = np.where(X @ diagnose(X)["u1"] > X.mean(0) @ diagnose(X)["u1"], 1.0, 0.0)
+    table = write_delta(spark, frame(spark, X, {"token_count": tokens, "label": labels}), str(tmp_path / "t"))
+    args = ["--input", table, "--metadata-cols", "[token_count]", "--label-col", "label",
+            "--output-dir", str(tmp_path / "out"), "--metrics-table", str(tmp_path / "metrics")]
+    assert job.main(args) == 0
+    printed = capsys.readouterr().out
+    assert "anisotropy_A" in printed and "Is u1 an artefact" in printed
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    want = diagnose(X)
+    assert abs(report["metrics"]["anisotropy_A"] - want["anisotropy_A"]) < 1e-10
+    assert report["input"] == {"path": table, "format": "delta", "version": 0}
+    expected_corr = abs(np.corrcoef(project_on_u1(X, want), tokens)[0, 1])
+    assert abs(report["artefact"]["abs_corr"]["token_count"] - expected_corr) < 1e-9
+    assert set(report["artefact"]["label_means"]) == {"0.0", "1.0"}
+    assert job.main(args) == 0  # a second night appends a second row
+    metrics = spark.read.format("delta").load(str(tmp_path / "metrics"))
+    assert metrics.count() == 2
+    row = metrics.orderBy("created_at").first()
+    assert row["input_version"] == 0 and abs(row["anisotropy_A"] - want["anisotropy_A"]) < 1e-10
+    assert len(row["config_hash"]) == 16
+
+
+def bad_rows_frame(spark):
+    rng = np.random.default_rng(9)
+    rows = [(i, [float(x) for x in rng.normal(size=4) + 2]) for i in range(50)]
+    rows += [(100, None), (101, [1.0, 2.0, 3.0]), (102, [1.0, float("nan"), 0.0, 1.0]),
+             (103, [float("inf"), 0.0, 0.0, 1.0]), (104, [0.0, 0.0, 0.0, 0.0]), (None, [1.0, 1.0, 1.0, 1.0])]
+    return spark.createDataFrame(rows, "id long, vector array<double>")
+
+
+def test_bad_rows_raise_with_reasons_and_sample_ids(spark):
+    with pytest.raises(InvalidRowsError) as err:
+        validate(bad_rows_frame(spark), "vector", "id", dimension=4)
+    message = str(err.value)
+    for reason in ["null_vector", "wrong_dimension:3", "non_finite", "zero_norm", "null_id"]:
+        assert reason in message
+    assert "6 invalid row(s)" in message and "100" in message
+
+
+def test_bad_rows_quarantined_and_counted(spark, tmp_path):
+    table = write_delta(spark, bad_rows_frame(spark), str(tmp_path / "bad"))
+    args = ["--input", table, "--on-invalid", "quarantine", "--quarantine-path", str(tmp_path / "q"),
+            "--output-dir", str(tmp_path / "out"), "--metrics-table", "null", "--metadata-cols", "[]"]
+    assert job.main(args) == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["invalid_rows"] == 6 and report["metrics"]["n"] == 50
+    assert report["invalid_by_reason"] == {"null_vector": 1, "wrong_dimension:3": 1, "non_finite": 2,
+                                           "zero_norm": 1, "null_id": 1}
+    quarantined = spark.read.format("delta").load(str(tmp_path / "q"))
+    assert quarantined.count() == 6 and "invalid_reason" in quarantined.columns
+    assert np.isfinite(report["metrics"]["anisotropy_A"])
+
+
+def test_dimension_inferred_as_most_common_length(spark):
+    assert infer_dimension(bad_rows_frame(spark), "vector") == 4
+
+
+def test_empty_table_n1_and_n_below_d(spark):
+    empty = spark.createDataFrame([], "id long, vector array<double>")
+    with pytest.raises(InvalidRowsError, match="empty"):
+        validate(empty, "vector", "id")
+    with pytest.raises(InvalidRowsError, match="no valid rows"):
+        validate(empty, "vector", "id", dimension=3)
+    one = validate(spark.createDataFrame([(1, [1.0, 2.0])], "id long, vector array<double>"), "vector", "id")
+    with pytest.raises(ValueError, match="at least 2 vectors"):
+        diagnose_dataframe(one.valid, "vector", one.dimension)
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(8, 30))
+    small = diagnose_dataframe(frame(spark, X), "vector", 30)
+    assert small["numerical_rank"] == 7 and np.isfinite(small["effective_rank"])
+
+
+def test_config_errors_name_the_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("input: x\nvector_column: v\n")
+    with pytest.raises(ConfigError, match="unknown key.*vector_column"):
+        job.main(["--conf", str(bad)])
+    with pytest.raises(ConfigError, match="on_invalid"):
+        job.main(["--input", "x", "--on-invalid", "drop"])
+    with pytest.raises(ConfigError, match="quarantine_path"):
+        job.main(["--input", "x", "--on-invalid", "quarantine"])
+    with pytest.raises(ConfigError, match="dimension"):
+        job.main(["--input", "x", "--dimension", "many"])
+
+
+def test_parquet_table_200k_by_384(spark, tmp_path):
+    """Scale check in local[2]: 200,000 × 384 float32 vectors in a Parquet table."""
+    n, d = 200_000, 384
+    rng = np.random.default_rng(2024)
+    path = tmp_path / "big"
+    path.mkdir()
+    means = rng.normal(size=d).astype(np.float32) * 2
+    per_file = n // 4
+    for part in range(4):
+        block = (rng.normal(size=(per_file, d)).astype(np.float32) * 0.5 + means)
+        vectors = pa.FixedSizeListArray.from_arrays(pa.array(block.ravel()), d).cast(pa.list_(pa.float32()))
+        ids = pa.array(np.arange(part * per_file, (part + 1) * per_file, dtype=np.int64))
+        pq.write_table(pa.table({"id": ids, "vector": vectors}), path / f"part-{part}.parquet")
+    args = ["--input", str(path), "--output-dir", str(tmp_path / "out"), "--metrics-table", "null",
+            "--metadata-cols", "[]"]
+    assert job.main(args) == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    m = report["metrics"]
+    assert m["n"] == n and m["d"] == d and report["input"]["format"] == "parquet"
+    # isotropic cloud of variance 0.25 per axis: spectrum inside the MP band, erank near its null value
+    assert m["mp_above_upper"] == 0
+    assert 0.9 * d < m["effective_rank"] < d
+    assert np.isfinite(m["anisotropy_A"]) and m["offset_ratio"] > 0.9
