@@ -35,7 +35,11 @@ DEFAULT_EPS = 1e-12   # whitening clamp: eigenvalues below eps·λ₁ are raised
 
 
 class TransformInputError(ValueError):
-    """Input to ``apply`` has the wrong shape or a non-finite value (message names the row/column)."""
+    """Input to ``apply`` has the wrong shape or a non-finite value; ``row`` is the bad row or None."""
+
+    def __init__(self, message: str, row: int | None = None):
+        super().__init__(message)
+        self.row = row
 
 
 class NonFiniteOutputError(ValueError):
@@ -116,7 +120,7 @@ def check_input(x: np.ndarray, d: int) -> np.ndarray:
     finite = np.isfinite(x)
     if not finite.all():
         row, col = (int(i) for i in np.argwhere(~finite)[0])
-        raise TransformInputError(f"non-finite input value at row {row}, column {col}")
+        raise TransformInputError(f"non-finite input value at row {row}, column {col}", row)
     return x
 
 
