@@ -1,0 +1,31 @@
+"""Shared bench helpers: a synthetic Parquet corpus written with pyarrow, and a wall-clock timer."""
+from __future__ import annotations
+
+import pathlib
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from anisotropy_core.synthetic import cone
+
+
+def write_parquet_corpus(path: pathlib.Path, n: int, d: int, files: int = 4, seed: int = 0) -> np.ndarray:
+    """Write an (n, d) float32 narrow-cone corpus as ``files`` Parquet files (id, vector); return it."""
+    path.mkdir(parents=True, exist_ok=True)
+    X = cone(n, d, offset=4.0, alpha=1.0, seed=seed).astype(np.float32)
+    for part, rows in enumerate(np.array_split(np.arange(n), files)):
+        vectors = pa.FixedSizeListArray.from_arrays(pa.array(X[rows].ravel()), d).cast(pa.list_(pa.float32()))
+        pq.write_table(pa.table({"id": pa.array(rows.astype(np.int64)), "vector": vectors}),
+                       path / f"part-{part:03d}.parquet")
+    return X
+
+
+@contextmanager
+def timed(results: dict, name: str):
+    """Record the wall-clock seconds of the ``with`` body in ``results[name]``."""
+    start = time.perf_counter()
+    yield
+    results[name] = time.perf_counter() - start
