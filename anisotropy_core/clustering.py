@@ -1,0 +1,549 @@
+"""k-means and cluster-wise recentering (seed chapter 7, "the mean belongs to nobody"), in pure numpy.
+
+A single global mean is right for a single population only. For a mixture (90 % product text + 10 %
+tickets, ‖a − b‖ = 1, residual spread 1) the global mean μ = 0.9a + 0.1b leaves population B carrying
+the offset b − μ = 0.9(b − a) of norm 0.9, and Chapter 1's identity gives B an induced anisotropy
+A ≈ ‖δ‖² / (‖δ‖² + 1) = 0.81 / 1.81 ≈ 0.45. The fix: cluster (k-means, modest k), keep one mean per
+cluster (optionally its top-D within-cluster directions) and subtract the mean of the cluster a vector
+lands in.
+
+Everything distributed is expressed through *passes*: a function of the current centroids that returns a
+mergeable :class:`ClusterState` (per-cluster sums, counts, inertia and the farthest points seen). The
+driver loops (:func:`lloyd`, :func:`kmeans_parallel_init`) are shared by the numpy reference
+(:func:`kmeans`) and the Spark implementation (``anisotropy_spark.kmeans``), so both run the very same
+algorithm and differ only in where a pass executes.
+
+Metrics: ``"euclidean"`` (distance ‖x − c‖², inertia Σ‖x − c‖²) and ``"cosine"`` (spherical k-means on
+unit vectors: distance 1 − cos(x, c), unit centroids, inertia Σ(1 − cos)) — the same cost definitions
+as ``pyspark.ml.clustering.KMeans``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from .diagnostics import centred_spectrum, diagnose
+from .moments import InvalidVectorsError, Moments
+from .transforms import FittedTransform, check_input, register
+
+METRICS = ("euclidean", "cosine")
+DEFAULT_MAX_ITER = 50
+DEFAULT_TOL = 1e-4          # relative inertia change below which Lloyd iterations stop
+DEFAULT_INIT_STEPS = 2      # k-means|| rounds (Spark ML's default initSteps)
+DEFAULT_OVERSAMPLING = 2.0  # k-means|| expected candidates per round = oversampling · k
+LOCAL_MAX_ITER = 30         # weighted Lloyd iterations on the k-means|| candidates (as Spark ML)
+
+
+def check_metric(metric: str) -> str:
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    return metric
+
+
+def prepare(vectors: np.ndarray, metric: str) -> np.ndarray:
+    """(B, d) float64 copy of ``vectors`` ready for assignment: unit rows for cosine, as-is for Euclidean.
+
+    Raises :class:`InvalidVectorsError` on NaN/Inf (either metric) or a zero row (cosine), so an invalid
+    vector can never turn a centroid into NaN.
+    """
+    x = np.asarray(vectors, dtype=np.float64)
+    if x.ndim != 2:
+        raise ValueError(f"expected a (B, d) matrix, got shape {x.shape}")
+    finite = np.isfinite(x).all(axis=1)
+    if not finite.all():
+        raise InvalidVectorsError(f"non-finite value in batch row {int(np.argmin(finite))}")
+    if check_metric(metric) == "cosine":
+        norms = np.linalg.norm(x, axis=1)
+        if not (norms > 0).all():
+            raise InvalidVectorsError(f"zero-length vector in batch row {int(np.argmin(norms > 0))}: "
+                                      "cosine distance is undefined")
+        return x / norms[:, None]
+    return x.copy()
+
+
+def distances(x: np.ndarray, centroids: np.ndarray, metric: str) -> np.ndarray:
+    """(B, k) distances of prepared rows ``x`` (B, d) to ``centroids`` (k, d), one BLAS product.
+
+    Euclidean: ‖x‖² − 2 x·c + ‖c‖², clipped at 0 against cancellation. Cosine (unit x and c): 1 − x·c.
+    """
+    cross = x @ centroids.T
+    if metric == "cosine":
+        return np.clip(1.0 - cross, 0.0, 2.0)
+    squared = np.einsum("ij,ij->i", x, x)[:, None] - 2.0 * cross + np.einsum("ij,ij->i", centroids, centroids)
+    return np.maximum(squared, 0.0)
+
+
+def assign(x: np.ndarray, centroids: np.ndarray, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """Nearest centroid of each prepared row: ``(ids (B,) int64, distance (B,))``; ties go to the lower id."""
+    dist = distances(x, centroids, metric)
+    ids = np.argmin(dist, axis=1)
+    return ids, dist[np.arange(x.shape[0]), ids]
+
+
+def _farthest(dist: np.ndarray, points: np.ndarray, m: int) -> np.ndarray:
+    """Indices of the ``m`` rows with the largest ``dist`` (B,), farthest first; ties are broken by the rows'
+    coordinates (``points`` (B, d)), so the choice does not depend on row order or partitioning."""
+    if dist.shape[0] > m:
+        threshold = np.partition(dist, dist.shape[0] - m)[dist.shape[0] - m]
+        candidates = np.flatnonzero(dist >= threshold)
+    else:
+        candidates = np.arange(dist.shape[0])
+    sub = points[candidates]
+    keys = [sub[:, j] for j in range(sub.shape[1] - 1, -1, -1)] + [-dist[candidates]]
+    return candidates[np.lexsort(keys)[:m]]
+
+
+@dataclass
+class ClusterState:
+    """Mergeable result of one assignment pass over some rows, for ``k`` clusters in dimension ``d``.
+
+    * ``sums``       — (k, d) per-cluster (weighted) sum of the prepared rows,
+    * ``counts``     — (k,) per-cluster (weighted) count, float64 so k-means|| weights fit the same state,
+    * ``inertia``    — Σ weight · distance to the nearest centroid,
+    * ``far_points`` — (m, d) the m rows farthest from their centroid (m ≤ k), farthest first,
+    * ``far_dist``   — (m,) their distances; empty clusters are re-seeded from these points.
+    """
+
+    sums: np.ndarray
+    counts: np.ndarray
+    inertia: float
+    far_points: np.ndarray
+    far_dist: np.ndarray
+
+    @property
+    def k(self) -> int:
+        return int(self.counts.shape[0])
+
+    @property
+    def d(self) -> int:
+        return int(self.sums.shape[1])
+
+    @classmethod
+    def empty(cls, k: int, d: int) -> "ClusterState":
+        """Identity element of :meth:`merge`."""
+        return cls(np.zeros((k, d)), np.zeros(k), 0.0, np.zeros((0, d)), np.zeros(0))
+
+    @classmethod
+    def of_batch(cls, x: np.ndarray, centroids: np.ndarray, metric: str,
+                 weights: np.ndarray | None = None) -> "ClusterState":
+        """State of prepared rows ``x`` (B, d) (see :func:`prepare`) against ``centroids`` (k, d).
+
+        ``weights``: optional (B,) non-negative row weights (k-means|| candidates); default 1.
+        """
+        k, d = centroids.shape
+        if x.shape[0] == 0:
+            return cls.empty(k, d)
+        ids, dist = assign(x, centroids, metric)
+        w = np.ones(x.shape[0]) if weights is None else np.asarray(weights, dtype=np.float64)
+        sums = _grouped_sum(k, ids, x, w)
+        counts = np.bincount(ids, weights=w, minlength=k).astype(np.float64)
+        order = _farthest(dist, x, k)
+        return cls(sums, counts, float(np.dot(w, dist)), x[order].copy(), dist[order].copy())
+
+    def merge(self, other: "ClusterState") -> "ClusterState":
+        """Combine two states over disjoint rows (associative, commutative up to rounding)."""
+        if (self.k, self.d) != (other.k, other.d):
+            raise ValueError(f"cannot merge states of shape {(self.k, self.d)} and {(other.k, other.d)}")
+        points = np.concatenate([self.far_points, other.far_points])
+        dist = np.concatenate([self.far_dist, other.far_dist])
+        order = _farthest(dist, points, self.k)
+        return ClusterState(self.sums + other.sums, self.counts + other.counts, self.inertia + other.inertia,
+                            points[order], dist[order])
+
+    # --- wire format: flat float64 [k, d, m, inertia, counts…, sums…, far_dist…, far_points…] (no pickle) ---
+
+    def to_bytes(self) -> bytes:
+        head = np.array([self.k, self.d, self.far_dist.shape[0], self.inertia], dtype=np.float64)
+        return np.concatenate([head, self.counts, self.sums.ravel(), self.far_dist,
+                               self.far_points.ravel()]).tobytes()
+
+    @classmethod
+    def from_bytes(cls, payload: bytes) -> "ClusterState":
+        flat = np.frombuffer(payload, dtype=np.float64)
+        k, d, m = (int(v) for v in flat[:3])
+        body = flat[4:]
+        if body.shape[0] != k + k * d + m + m * d:
+            raise ValueError(f"corrupt cluster-state payload: {body.shape[0]} values for k={k}, d={d}, m={m}")
+        counts, body = body[:k], body[k:]
+        sums, body = body[:k * d].reshape(k, d), body[k * d:]
+        far_dist, body = body[:m], body[m:]
+        return cls(sums.copy(), counts.copy(), float(flat[3]), body.reshape(m, d).copy(), far_dist.copy())
+
+
+def _grouped_sum(k: int, ids: np.ndarray, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """(k, d) per-cluster Σ w·x of rows ``x`` (B, d) with cluster ids (B,): rows sorted by id, then one
+    ``np.add.reduceat`` over the contiguous runs (O(B·d), no (k, B) indicator matrix)."""
+    order = np.argsort(ids, kind="stable")
+    sorted_ids = ids[order]
+    starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])
+    out = np.zeros((k, x.shape[1]))
+    out[sorted_ids[starts]] = np.add.reduceat(x[order] * w[order, None], starts, axis=0)
+    return out
+
+
+def update_centroids(state: ClusterState, centroids: np.ndarray, metric: str) -> tuple[np.ndarray, list[int]]:
+    """Lloyd update: ``(new centroids (k, d), ids of clusters re-seeded)``.
+
+    A non-empty cluster moves to its mean (cosine: the normalised mean of its unit rows). An empty one —
+    or, for cosine, one whose unit rows cancel exactly — is re-seeded at the farthest remaining point of
+    the pass (farthest first, one point per cluster, in cluster-id order).
+    """
+    new = centroids.copy()
+    live = state.counts > 0
+    new[live] = state.sums[live] / state.counts[live, None]
+    if metric == "cosine":
+        norms = np.linalg.norm(new, axis=1)
+        live &= norms > 0
+        new[live] /= norms[live, None]
+    dead = [int(c) for c in np.flatnonzero(~live)]
+    if len(dead) > state.far_points.shape[0]:
+        raise ValueError(f"{len(dead)} empty clusters but only {state.far_points.shape[0]} points to re-seed "
+                         "them from: k exceeds the number of rows")
+    for slot, cluster in enumerate(dead):
+        new[cluster] = state.far_points[slot]
+    return new, dead
+
+
+@dataclass
+class KMeansResult:
+    """A fitted k-means: ``centroids`` (k, d) (unit rows for cosine) and the statistics of their last pass.
+
+    ``counts`` (k,) int64 cluster sizes and ``inertia`` belong to exactly these centroids; ``history`` holds
+    the inertia of every pass; ``converged`` is False when ``max_iter`` stopped the loop.
+    """
+
+    centroids: np.ndarray
+    counts: np.ndarray
+    inertia: float
+    n_iter: int
+    converged: bool
+    metric: str
+    history: list[float] = field(default_factory=list)
+
+
+PassFn = Callable[[np.ndarray], ClusterState]
+
+
+def lloyd(run_pass: PassFn, init: np.ndarray, metric: str, max_iter: int = DEFAULT_MAX_ITER,
+          tol: float = DEFAULT_TOL) -> KMeansResult:
+    """Lloyd iterations from ``init`` (k, d), each one ``run_pass(centroids) → ClusterState``.
+
+    Stops when the relative inertia change between consecutive passes is ≤ ``tol`` (and nothing was
+    re-seeded in the last update), or after ``max_iter`` passes. Returns the centroids of the last pass.
+    """
+    if max_iter < 1:
+        raise ValueError(f"max_iter must be ≥ 1, got {max_iter}")
+    centroids = np.asarray(init, dtype=np.float64).copy()
+    history: list[float] = []
+    for iteration in range(1, max_iter + 1):
+        state = run_pass(centroids)
+        history.append(state.inertia)
+        updated, reseeded = update_centroids(state, centroids, metric)
+        converged = not reseeded and (state.inertia == 0.0 or (
+            len(history) > 1 and abs(history[-2] - history[-1]) <= tol * history[-2]))
+        if converged or iteration == max_iter:
+            return KMeansResult(centroids, state.counts.round().astype(np.int64), state.inertia, iteration,
+                                converged, metric, history)
+        centroids = updated
+    raise AssertionError("unreachable")
+
+
+def kmeans_plus_plus(points: np.ndarray, k: int, metric: str, rng: np.random.Generator,
+                     weights: np.ndarray | None = None) -> np.ndarray:
+    """k-means++ seeding on prepared ``points`` (m, d) with optional (m,) ``weights``: (k, d) centroids.
+
+    The first centre is drawn ∝ weight, each next one ∝ weight · distance to the chosen set. When every
+    remaining point coincides with a centre (fewer distinct points than k) the heaviest point is repeated;
+    Lloyd's empty-cluster re-seeding then moves the duplicates.
+    """
+    m = points.shape[0]
+    if m == 0:
+        raise ValueError("k-means++ needs at least one point")
+    w = np.ones(m) if weights is None else np.asarray(weights, dtype=np.float64)
+    chosen = [int(rng.choice(m, p=w / w.sum()))]
+    nearest = distances(points, points[chosen], metric)[:, 0]
+    for _ in range(1, k):
+        score = w * nearest
+        total = score.sum()
+        pick = int(rng.choice(m, p=score / total)) if total > 0 else int(np.argmax(w))
+        chosen.append(pick)
+        nearest = np.minimum(nearest, distances(points, points[pick:pick + 1], metric)[:, 0])
+    return points[chosen].copy()
+
+
+def partition_rng(seed: int, round_: int, partition: int) -> np.random.Generator:
+    """The generator of one partition in one k-means|| round (``round_`` = −1: the first-centre draw).
+
+    Draws depend only on (seed, round, partition) and the row order, never on batch boundaries.
+    """
+    return np.random.default_rng([seed, round_ + 1, partition])
+
+
+def first_centre_candidate(x: np.ndarray, rng: np.random.Generator) -> tuple[float, np.ndarray]:
+    """``(key, row)``: the row of prepared ``x`` (B, d) with the smallest uniform key drawn from ``rng``.
+
+    The row with the smallest key over all partitions is a uniformly random first centre.
+    """
+    keys = rng.random(x.shape[0])
+    best = int(np.argmin(keys))
+    return float(keys[best]), x[best]
+
+
+def oversample(x: np.ndarray, centroids: np.ndarray, metric: str, scale: float,
+               rng: np.random.Generator) -> np.ndarray:
+    """k-means|| round on prepared ``x`` (B, d): rows kept independently with probability
+    min(1, scale · distance to ``centroids``), where scale = oversampling · k / current cost. (m, d)."""
+    _, dist = assign(x, centroids, metric)
+    return x[rng.random(x.shape[0]) < scale * dist].copy()
+
+
+def kmeans_parallel_init(first_centre: Callable[[], np.ndarray], run_pass: PassFn,
+                         sample: Callable[[np.ndarray, float, int], np.ndarray], k: int, metric: str,
+                         seed: int, init_steps: int = DEFAULT_INIT_STEPS,
+                         oversampling: float = DEFAULT_OVERSAMPLING) -> np.ndarray:
+    """k-means|| (Bahmani et al. 2012), as Spark ML runs it: (k, d) initial centroids.
+
+    ``first_centre()`` → (d,) a uniformly random row; ``run_pass(C)`` → ClusterState (cost = inertia,
+    candidate weights = counts); ``sample(C, scale, round)`` → (m, d) rows oversampled against C.
+    ``init_steps`` rounds of oversampling, then the weighted candidates are reduced to k centres by
+    k-means++ and weighted Lloyd locally.
+    """
+    candidates = np.asarray(first_centre(), dtype=np.float64)[None, :]
+    for round_ in range(init_steps):
+        cost = run_pass(candidates).inertia
+        if cost == 0.0:
+            break
+        candidates = np.concatenate([candidates, sample(candidates, oversampling * k / cost, round_)])
+    weights = run_pass(candidates).counts
+    keep = weights > 0
+    candidates, weights = candidates[keep], weights[keep]
+    rng = np.random.default_rng([seed, init_steps + 1])
+    init = kmeans_plus_plus(candidates, k, metric, rng, weights)
+    local = lloyd(lambda c: ClusterState.of_batch(candidates, c, metric, weights), init, metric,
+                  max_iter=LOCAL_MAX_ITER, tol=0.0)
+    return local.centroids
+
+
+def kmeans(data: np.ndarray | Sequence[np.ndarray], k: int, metric: str = "euclidean", seed: int = 0,
+           max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL, init: np.ndarray | None = None,
+           init_steps: int = DEFAULT_INIT_STEPS, oversampling: float = DEFAULT_OVERSAMPLING) -> KMeansResult:
+    """Numpy reference k-means (k-means|| init + Lloyd), deterministic given ``seed``.
+
+    ``data``: an (n, d) array or a sequence of (n_p, d) partitions — given the partitions of a Spark
+    DataFrame, this reproduces ``anisotropy_spark.kmeans.fit_kmeans`` on it. ``init``: optional (k, d)
+    starting centroids (skips k-means||; rows are normalised for cosine).
+    """
+    check_metric(metric)
+    parts = [data] if isinstance(data, np.ndarray) else list(data)
+    parts = [prepare(p, metric) for p in parts]
+    if k < 1 or k > sum(p.shape[0] for p in parts):
+        raise ValueError(f"k must be between 1 and the number of rows, got k={k}")
+
+    def run_pass(centroids: np.ndarray) -> ClusterState:
+        state = ClusterState.empty(*centroids.shape)
+        for p in parts:
+            state = state.merge(ClusterState.of_batch(p, centroids, metric))
+        return state
+
+    def first_centre() -> np.ndarray:
+        keyed = [first_centre_candidate(p, partition_rng(seed, -1, i)) for i, p in enumerate(parts) if len(p)]
+        return min(keyed, key=lambda kv: kv[0])[1]
+
+    def sample(centroids: np.ndarray, scale: float, round_: int) -> np.ndarray:
+        return np.concatenate([oversample(p, centroids, metric, scale, partition_rng(seed, round_, i))
+                               for i, p in enumerate(parts)])
+
+    if init is None:
+        start = kmeans_parallel_init(first_centre, run_pass, sample, k, metric, seed, init_steps, oversampling)
+    else:
+        start = prepare(init, metric)
+    return lloyd(run_pass, start, metric, max_iter, tol)
+
+
+@register
+class ClusterRecenter(FittedTransform):
+    """Fitted cluster-wise recentering (registered transform ``"cluster_recenter"``): assign each vector to
+    its nearest centroid, subtract that cluster's mean, and optionally project out that cluster's top-D
+    within-cluster principal directions. (n, d) → (n, d).
+
+    * ``metric``      — assignment metric (``"euclidean"`` | ``"cosine"``),
+    * ``centroids``   — (k, d) assignment centroids (unit rows for cosine),
+    * ``means``       — (k, d) per-cluster mean of the *raw* vectors (what is subtracted),
+    * ``directions``  — (k, D, d) per-cluster top-D unit directions (rows), sign-canonical; D may be 0,
+    * ``sizes``       — (k,) int64 number of fitting vectors per cluster,
+    * ``mean``        — (d,) corpus mean (size-weighted mean of ``means``; kept for the shared contract),
+    * ``fit_info``    — JSON scalars about the k-means fit (``inertia``, ``n_iter``, ``converged``).
+
+    :meth:`apply` follows the :class:`FittedTransform` contract and returns the corrected vectors only;
+    :meth:`apply_with_clusters` also returns the cluster ids.
+    """
+
+    method = "cluster_recenter"
+
+    def __init__(self, metric: str, centroids: np.ndarray, means: np.ndarray, directions: np.ndarray,
+                 sizes: np.ndarray, fit_info: Mapping[str, Any] | None = None):
+        self.metric = check_metric(metric)
+        self.centroids = np.asarray(centroids, dtype=np.float64)
+        self.means = np.asarray(means, dtype=np.float64)
+        self.sizes = np.asarray(sizes).round().astype(np.int64)
+        k, d = self.centroids.shape
+        self.directions = np.asarray(directions, dtype=np.float64).reshape(k, -1, d)
+        if self.means.shape != (k, d) or self.sizes.shape != (k,):
+            raise ValueError(f"inconsistent cluster-recenter arrays: centroids {self.centroids.shape}, "
+                             f"means {self.means.shape}, sizes {self.sizes.shape}")
+        if not (self.sizes > 0).all():
+            raise ValueError(f"clusters {np.flatnonzero(self.sizes <= 0).tolist()} received no fitting vectors; "
+                             "their mean is undefined (lower k or raise max_iter)")
+        super().__init__(self.sizes @ self.means / self.sizes.sum())
+        self.fit_info = dict(fit_info or {})
+
+    @property
+    def k(self) -> int:
+        return int(self.centroids.shape[0])
+
+    @property
+    def n_directions(self) -> int:
+        return int(self.directions.shape[1])
+
+    @classmethod
+    def from_moments(cls, centroids: np.ndarray, states: Sequence[Moments], n_directions: int, metric: str,
+                     fit_info: Mapping[str, Any] | None = None) -> "ClusterRecenter":
+        """Build from (k, d) ``centroids`` and the k per-cluster :class:`Moments` of the fitting data."""
+        k, d = np.shape(centroids)
+        if len(states) != k:
+            raise ValueError(f"{len(states)} cluster moments for {k} centroids")
+        if not 0 <= n_directions < d:
+            raise ValueError(f"directions per cluster must be in [0, {d}), got {n_directions}")
+        empty = [c for c, s in enumerate(states) if s.n == 0]
+        if empty:
+            raise ValueError(f"clusters {empty} received no fitting vectors; their mean is undefined "
+                             "(lower k or raise max_iter)")
+        directions = np.stack([centred_spectrum(s)[1][:, :n_directions].T for s in states])
+        return cls(metric, centroids, np.stack([s.mean for s in states]), directions.reshape(k, n_directions, d),
+                   np.array([s.n for s in states]), fit_info)
+
+    def params(self) -> dict[str, Any]:
+        return {"metric": self.metric, "k": self.k, "D_per_cluster": self.n_directions, **self.fit_info}
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"mean": self.mean, "centroids": self.centroids, "means": self.means,
+                "directions": self.directions, "sizes": self.sizes.astype(np.float64)}
+
+    @classmethod
+    def from_parts(cls, params: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> "ClusterRecenter":
+        info = {key: value for key, value in params.items() if key not in ("metric", "k", "D_per_cluster")}
+        return cls(params["metric"], arrays["centroids"], arrays["means"], arrays["directions"], arrays["sizes"],
+                   info)
+
+    def assign(self, vectors: np.ndarray) -> np.ndarray:
+        """(B,) int64 cluster id of each raw vector (B, d)."""
+        return assign(prepare(vectors, self.metric), self.centroids, self.metric)[0]
+
+    def apply_with_clusters(self, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(corrected (B, d) float64, cluster ids (B,) int64)`` for raw ``vectors`` (B, d).
+
+        Raises :class:`TransformInputError` (naming the row) on a wrong dimension or non-finite value.
+        """
+        x = check_input(np.asarray(vectors, dtype=np.float64), self.d_in)
+        ids = self.assign(x)
+        out = x - self.means[ids]
+        if self.n_directions:
+            u = self.directions[ids]                       # (B, D, d)
+            out -= np.einsum("bj,bjd->bd", np.einsum("bjd,bd->bj", u, out), u)
+        return out, ids
+
+    def apply(self, vectors: np.ndarray) -> np.ndarray:
+        """Corrected vectors (B, d) (or (d,) for one vector); see :meth:`apply_with_clusters`."""
+        x = np.asarray(vectors, dtype=np.float64)
+        out = self.apply_with_clusters(x[None, :] if x.ndim == 1 else x)[0]
+        return out[0] if x.ndim == 1 else out
+
+
+def cluster_moments(vectors: np.ndarray, ids: np.ndarray, k: int) -> list[Moments]:
+    """k per-cluster :class:`Moments` of raw ``vectors`` (B, d) grouped by ``ids`` (B,) in [0, k)."""
+    x = np.asarray(vectors, dtype=np.float64)
+    return [Moments.of_batch(x[ids == c]) for c in range(k)]
+
+
+def merge_cluster_moments(left: Sequence[Moments], right: Sequence[Moments]) -> list[Moments]:
+    """Cluster-wise :meth:`Moments.merge` of two equally long lists."""
+    if len(left) != len(right):
+        raise ValueError(f"cannot merge {len(left)} cluster moments with {len(right)}")
+    return [a.merge(b) for a, b in zip(left, right)]
+
+
+def kmeans_info(result: KMeansResult) -> dict[str, Any]:
+    """JSON scalars recorded with a cluster-recenter fit."""
+    return {"inertia": float(result.inertia), "n_iter": int(result.n_iter), "converged": bool(result.converged)}
+
+
+def fit_cluster_recenter(vectors: np.ndarray, k: int, n_directions: int = 0, metric: str = "euclidean",
+                         seed: int = 0, **kmeans_options) -> tuple[ClusterRecenter, KMeansResult]:
+    """Numpy reference fit on (n, d) ``vectors``: k-means, then one per-cluster moments pass."""
+    result = kmeans(vectors, k, metric, seed, **kmeans_options)
+    x = np.asarray(vectors, dtype=np.float64)
+    ids = assign(prepare(x, metric), result.centroids, metric)[0]
+    fit = ClusterRecenter.from_moments(result.centroids, cluster_moments(x, ids, k), n_directions, metric,
+                                       kmeans_info(result))
+    return fit, result
+
+
+def induced_anisotropy(offset: float, spread: float) -> float:
+    """Seed chapter 7: average cosine ‖δ‖² / (‖δ‖² + s²) among vectors sharing a residual offset of norm
+    ``offset`` on top of centred residuals of typical norm ``spread`` (equal-norm approximation)."""
+    total = offset ** 2 + spread ** 2
+    if total <= 0:
+        raise ValueError("offset and spread are both zero: the vectors are all zero")
+    return offset ** 2 / total
+
+
+CLUSTER_REPORT_KEYS = ("offset_ratio", "anisotropy_A", "top1_var", "effective_rank", "erank_frac")
+
+
+def cluster_diagnostics(states: Sequence[Moments]) -> dict:
+    """Per-cluster diagnosis table from k per-cluster :class:`Moments` states (raw vectors).
+
+    Returns ``{"global": row, "clusters": [row per cluster], "locally_isotropic": bool}``. Every row has
+    ``size``, ``share`` and the :func:`diagnose` numbers ``offset_ratio, anisotropy_A, top1_var,
+    effective_rank, erank_frac`` (the raw cloud as is), ``d``, and for clusters also
+    ``cluster`` and ``induced_A_global_centring`` — the seed's ‖δ‖²/(‖δ‖² + tr Σ_c) with δ = μ_c − μ, the
+    anisotropy a *global* centring leaves inside that cluster (what cluster recentering removes).
+    A cluster with fewer than 2 vectors, or all-identical vectors, has no shape: its shape numbers are
+    ``None`` (never NaN). ``locally_isotropic`` is True when every cluster's top-1 share is below the
+    global one and its effective rank above the global one — "globally anisotropic, locally isotropic".
+    """
+    if not states:
+        raise ValueError("no cluster states")
+    total = states[0]
+    for s in states[1:]:
+        total = total.merge(s)
+    global_row = _diagnosis_row(total, total.n)
+    rows = []
+    for c, state in enumerate(states):
+        row = {"cluster": c, **_diagnosis_row(state, total.n)}
+        if state.n:
+            delta = float(np.linalg.norm(state.mean - total.mean))
+            spread = float(np.sqrt(np.trace(state.covariance())))
+            row["induced_A_global_centring"] = (induced_anisotropy(delta, spread)
+                                                if delta > 0 or spread > 0 else None)
+        else:
+            row["induced_A_global_centring"] = None
+        rows.append(row)
+    shaped = [r for r in rows if r["top1_var"] is not None]
+    local = bool(shaped) and global_row["top1_var"] is not None and all(
+        r["top1_var"] < global_row["top1_var"] and r["effective_rank"] > global_row["effective_rank"]
+        for r in shaped)
+    return {"global": global_row, "clusters": rows, "locally_isotropic": local}
+
+
+def _diagnosis_row(state: Moments, corpus_n: int) -> dict:
+    row = {"size": int(state.n), "share": state.n / corpus_n if corpus_n else 0.0, "d": state.d}
+    try:
+        report = diagnose(state)
+    except ValueError:        # fewer than 2 vectors, or zero spread: the shape is undefined
+        report = None
+    for key in CLUSTER_REPORT_KEYS:
+        row[key] = None if report is None else report[key]
+    return row

@@ -1,0 +1,211 @@
+"""k-means and cluster-wise recentering in numpy (seed chapter 7, "the mean belongs to nobody")."""
+import numpy as np
+import pytest
+
+from anisotropy_core.artifact import load_artifact, save_artifact
+from anisotropy_core.clustering import (ClusterRecenter, ClusterState, assign, cluster_diagnostics, cluster_moments,
+                                        fit_cluster_recenter, induced_anisotropy, kmeans, lloyd, prepare,
+                                        update_centroids)
+from anisotropy_core.diagnostics import centred_spectrum, diagnose
+from anisotropy_core.moments import InvalidVectorsError, Moments
+from anisotropy_core.synthetic import mixture, random_rotation
+
+
+def two_populations(d=200, n=10_000, seed=0):
+    """Seed chapter 7: populations at a and b, ‖a − b‖ = 1, proportions 0.9 / 0.1, residuals of norm ≈ 1.
+
+    Both sit far out along a shared direction (a narrow cone, like real embeddings).
+    Returns (X (n, d), labels (n,)) with label 1 = population B.
+    """
+    rng = np.random.default_rng(seed)
+    basis = random_rotation(d, rng)
+    a = 3.0 * basis[0]
+    b = a + basis[1]                                   # ‖a − b‖ = 1
+    labels = (np.arange(n) >= int(0.9 * n)).astype(int)
+    X = np.where(labels[:, None] == 1, b, a) + rng.normal(size=(n, d)) / np.sqrt(d)
+    return X, labels
+
+
+def test_global_mean_induces_anisotropy_in_the_minority_and_cluster_centring_removes_it():
+    X, labels = two_populations()
+    B, A = labels == 1, labels == 0
+    globally = X - X.mean(axis=0)
+    # b − μ = 0.9(b − a): ‖δ‖ = 0.9 on residuals of norm 1 → A_B = 0.81/1.81; population A: 0.01/1.01
+    assert induced_anisotropy(0.9, 1.0) == pytest.approx(0.81 / 1.81)
+    a_b_global = diagnose(globally[B])["anisotropy_A"]
+    a_a_global = diagnose(globally[A])["anisotropy_A"]
+    assert a_b_global == pytest.approx(0.4475, abs=0.01)          # O(1/d) corrections to the approximation
+    assert a_a_global == pytest.approx(0.0099, abs=0.003)
+
+    fit, result = fit_cluster_recenter(X, k=2, seed=0)
+    corrected, ids = fit.apply_with_clusters(X)
+    assert result.converged
+    # the clusters are the populations (up to the id permutation)
+    b_id = np.bincount(ids[B]).argmax()
+    assert (ids[B] == b_id).all() and (ids[A] != b_id).all()
+    a_b_local = diagnose(corrected[B])["anisotropy_A"]
+    a_a_local = diagnose(corrected[A])["anisotropy_A"]
+    # centred within its own cluster: A = −1/(n−1) for equal norms, here ≈ −0.001 and −0.0001
+    assert abs(a_b_local) < 0.002 and abs(a_a_local) < 0.002
+    assert a_b_global > 200 * abs(a_b_local)
+
+    # the per-cluster table predicts the induced anisotropy from the moments alone
+    table = cluster_diagnostics(cluster_moments(X, ids, 2))
+    row_b = table["clusters"][b_id]
+    assert row_b["size"] == B.sum() and row_b["share"] == pytest.approx(0.1)
+    assert row_b["induced_A_global_centring"] == pytest.approx(a_b_global, abs=0.01)
+
+
+def separated_clusters(n=2000, seed=0):
+    """Seed chapter 7: clusters at (±2, 0, 0) with isotropic σ = 0.5, equal sizes. (X (n, 3), labels (n,))."""
+    rng = np.random.default_rng(seed)
+    labels = rng.permutation(n) % 2
+    X = np.where(labels[:, None] == 0, 2.0, -2.0) * np.array([1.0, 0.0, 0.0]) + 0.5 * rng.normal(size=(n, 3))
+    return X, labels
+
+
+def nearest_mean_accuracy(features, labels):
+    """Train a nearest-class-mean classifier on even rows, return its accuracy on odd rows."""
+    train, test = np.arange(len(labels)) % 2 == 0, np.arange(len(labels)) % 2 == 1
+    means = np.stack([features[train & (labels == c)].mean(axis=0) for c in (0, 1)])
+    predicted = np.argmin(((features[test][:, None, :] - means) ** 2).sum(axis=2), axis=1)
+    return float((predicted == labels[test]).mean())
+
+
+def test_global_abtt_destroys_the_cluster_label_and_cluster_recentering_keeps_it():
+    X, labels = separated_clusters(n=4000)
+    report = diagnose(X)
+    assert report["top1_var"] == pytest.approx(4.25 / 4.75, abs=0.01)          # seed: 89.5 %
+    assert report["effective_rank"] == pytest.approx(1.506, abs=0.03)
+    assert nearest_mean_accuracy(X, labels) > 0.99
+
+    # global ABTT, D = 1: centre, project out the top principal direction (it is the label axis x)
+    state = Moments.of_batch(X)
+    u1 = centred_spectrum(state)[1][:, :1]
+    abtt = (X - state.mean) - (X - state.mean) @ u1 @ u1.T
+    accuracy = nearest_mean_accuracy(abtt, labels)
+    assert abs(accuracy - 0.5) < 0.04                   # chance: 2000 test rows, sd 0.011
+
+    fit, _ = fit_cluster_recenter(X, k=2, n_directions=1, seed=0)
+    corrected, ids = fit.apply_with_clusters(X)
+    # the cluster id written alongside each vector carries the label; the mapping id → label is learned
+    # on the even rows like the classifier above and scored on the odd rows
+    id_accuracy = nearest_mean_accuracy(np.eye(2)[ids], labels)
+    assert id_accuracy > 0.999
+    # and inside each cluster the geometry is the cluster's own: its mean is 0 and its top direction gone
+    for c in (0, 1):
+        assert np.allclose(corrected[ids == c].mean(axis=0), 0.0, atol=1e-12)
+        assert np.allclose(corrected[ids == c] @ fit.directions[c].T, 0.0, atol=1e-12)
+
+
+def test_state_merge_equals_one_batch_and_survives_bytes():
+    X, _ = mixture(600, 5, (0.5, 0.5), separation=3.0, seed=3)
+    C = X[:4]
+    whole = ClusterState.of_batch(X, C, "euclidean")
+    merged = ClusterState.of_batch(X[:250], C, "euclidean").merge(ClusterState.of_batch(X[250:], C, "euclidean"))
+    back = ClusterState.from_bytes(merged.to_bytes())
+    for state in (merged, back):
+        assert np.allclose(state.sums, whole.sums, rtol=1e-12)
+        assert np.array_equal(state.counts, whole.counts)
+        assert state.inertia == pytest.approx(whole.inertia, rel=1e-12)
+        assert np.array_equal(state.far_points, whole.far_points)
+    distances = ((X[:, None, :] - C) ** 2).sum(axis=2)
+    assert whole.inertia == pytest.approx(distances.min(axis=1).sum(), rel=1e-12)
+    farthest = np.argsort(-distances.min(axis=1))[:4]
+    assert np.array_equal(whole.far_points, X[farthest])
+
+
+def test_empty_cluster_is_reseeded_at_the_farthest_point():
+    X, labels = mixture(900, 4, (0.5, 0.5), separation=8.0, seed=4)
+    far_away = np.full(4, 1e3)
+    init = np.stack([X[0], X[0], far_away])                  # duplicate → empty, far away → empty
+    state = ClusterState.of_batch(X, init, "euclidean")
+    assert state.counts.tolist() == [900, 0, 0]              # ties go to the lower id
+    updated, reseeded = update_centroids(state, init, "euclidean")
+    assert reseeded == [1, 2]
+    assert np.array_equal(updated[1:], state.far_points[:2])
+    assert np.isfinite(updated).all()
+    # k = 2 from [one point of population 0, a point nobody is near]: the empty cluster is re-seeded at the
+    # point farthest from X[0] — in the other population — and Lloyd then separates the two exactly
+    result = kmeans(X, 2, init=init[[0, 2]])
+    assert result.converged and result.history[0] > result.inertia
+    ids = assign(X, result.centroids, "euclidean")[0]
+    assert np.array_equal(ids == ids[0], labels == labels[0])
+    with pytest.raises(ValueError, match="k exceeds the number of rows"):
+        update_centroids(ClusterState.of_batch(X[:1], init, "euclidean"), init, "euclidean")
+
+
+def test_kmeans_is_deterministic_and_recovers_separated_clusters():
+    X, labels = mixture(3000, 16, (0.5, 0.3, 0.2), separation=8.0, seed=5)
+    first, second = kmeans(X, 3, seed=11), kmeans(X, 3, seed=11)
+    assert np.array_equal(first.centroids, second.centroids) and first.history == second.history
+    ids = assign(X, first.centroids, "euclidean")[0]
+    purity = sum(np.bincount(labels[ids == c]).max() for c in range(3)) / len(labels)
+    assert purity > 0.99                     # the populations overlap slightly: the Bayes error is not 0
+    oracle = kmeans(X, 3, init=np.stack([X[labels == c].mean(axis=0) for c in range(3)]))
+    assert first.inertia <= oracle.inertia * (1 + 1e-9)      # as good as Lloyd started from the truth
+    assert all(b <= a * (1 + 1e-12) for a, b in zip(first.history, first.history[1:]))   # Lloyd never worsens
+    # partitioned input draws other k-means|| samples, but run to the exact fixed point (tol = 0) it
+    # lands on the same partition of the rows
+    split, whole = kmeans([X[:1000], X[1000:]], 3, seed=11, tol=0.0), kmeans(X, 3, seed=11, tol=0.0)
+    assert split.converged and whole.converged
+    assert split.inertia == pytest.approx(whole.inertia, rel=1e-12)
+    assert sorted(split.counts.tolist()) == sorted(whole.counts.tolist())
+
+
+def test_cosine_kmeans_clusters_directions_not_lengths():
+    rng = np.random.default_rng(6)
+    directions = random_rotation(8, rng)[:2]
+    labels = np.arange(1000) % 2
+    lengths = rng.uniform(0.5, 5.0, size=1000)[:, None]      # lengths vary tenfold inside each cluster
+    X = lengths * (directions[labels] + 0.1 * rng.normal(size=(1000, 8)))
+    result = kmeans(X, 2, metric="cosine", seed=0)
+    assert np.allclose(np.linalg.norm(result.centroids, axis=1), 1.0)
+    ids = assign(prepare(X, "cosine"), result.centroids, "cosine")[0]
+    assert abs(np.corrcoef(ids, labels)[0, 1]) == pytest.approx(1.0)
+    unit = prepare(X, "cosine")
+    assert result.inertia == pytest.approx((1 - (unit @ result.centroids.T).max(axis=1)).sum(), rel=1e-9)
+
+
+def test_invalid_vectors_are_rejected_not_propagated():
+    X = np.ones((4, 3))
+    X[2, 1] = np.nan
+    with pytest.raises(InvalidVectorsError, match="row 2"):
+        kmeans(X, 2)
+    with pytest.raises(InvalidVectorsError, match="zero-length"):
+        prepare(np.zeros((2, 3)), "cosine")
+    with pytest.raises(ValueError, match="metric"):
+        kmeans(np.ones((4, 3)), 2, metric="manhattan")
+
+
+def test_cluster_recenter_artifact_round_trip(tmp_path):
+    X, _ = mixture(1500, 6, (0.7, 0.3), separation=5.0, seed=7)
+    fit, result = fit_cluster_recenter(X, k=2, n_directions=2, metric="cosine", seed=1)
+    manifest = save_artifact(str(tmp_path / "cr"), fit, n=int(fit.sizes.sum()))
+    assert manifest["method"] == "cluster_recenter" and manifest["params"]["D_per_cluster"] == 2
+    loaded = load_artifact(str(tmp_path / "cr"), expected_dimension=6).transform
+    assert isinstance(loaded, ClusterRecenter) and loaded.metric == "cosine"
+    assert np.array_equal(loaded.sizes, fit.sizes) and loaded.fit_info == fit.fit_info
+    out, ids = loaded.apply_with_clusters(X)
+    expected, expected_ids = fit.apply_with_clusters(X)
+    assert np.array_equal(ids, expected_ids)
+    assert np.allclose(out, expected, rtol=0, atol=1e-13)
+    assert np.allclose(loaded.apply(X[3]), expected[3], atol=1e-13)
+
+
+def test_cluster_diagnostics_globally_anisotropic_locally_isotropic():
+    X, labels = separated_clusters(n=2000)
+    table = cluster_diagnostics(cluster_moments(X, labels, 2))
+    assert table["global"]["top1_var"] == pytest.approx(0.895, abs=0.01)
+    for row in table["clusters"]:
+        assert row["size"] == 1000 and row["top1_var"] < 0.4 and row["effective_rank"] > 2.9
+    assert table["locally_isotropic"] is True
+    # a single-vector cluster has no shape: None, never NaN
+    lonely = cluster_diagnostics([Moments.of_batch(X[:1]), Moments.of_batch(X[1:])])
+    assert lonely["clusters"][0]["effective_rank"] is None and lonely["clusters"][0]["size"] == 1
+
+
+def test_lloyd_stops_at_max_iter_and_reports_it():
+    X, _ = mixture(500, 4, (0.5, 0.5), separation=0.5, seed=8)
+    result = lloyd(lambda c: ClusterState.of_batch(X, c, "euclidean"), X[:5], "euclidean", max_iter=2, tol=0.0)
+    assert result.n_iter == 2 and not result.converged and len(result.history) == 2
