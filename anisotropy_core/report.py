@@ -1,0 +1,264 @@
+"""Pictures of a diagnosis and a self-contained HTML report (matplotlib's Agg canvas; no pyplot, no display).
+
+Every ``*_figure`` function returns a :class:`matplotlib.figure.Figure`; :func:`write_report_assets` writes
+them as PNGs plus ``report.html`` (the PNGs embedded as base64, so the HTML is one portable file).
+
+Inputs are a :func:`~anisotropy_core.diagnostics.diagnose` report (numpy arrays or the lists of its JSON
+form) and, for the sample-based plots, ``samples`` — an (m, d) sample of the raw vectors — with
+``metadata`` — {column name: (m,) values aligned with the sample rows}.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+import pathlib
+from typing import Mapping
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from .diagnostics import RANK_TOLERANCE, project_on_u1
+
+MAX_PAIRS = 20_000
+BEFORE_COLOUR, AFTER_COLOUR, NULL_COLOUR = "#c0392b", "#2471a3", "#7f8c8d"
+
+
+def _new_figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _spectrum(report: Mapping) -> np.ndarray:
+    return np.asarray(report["spectrum"], dtype=np.float64)
+
+
+def power_law_fit(eigenvalues: np.ndarray) -> tuple[float, float]:
+    """(α, C) of the least-squares line log λ_k = log C − α log k over the nonzero spectrum (descending)."""
+    lam = np.asarray(eigenvalues, dtype=np.float64)
+    keep = lam > RANK_TOLERANCE * lam[0]
+    k = np.arange(1, lam.shape[0] + 1)[keep]
+    slope, intercept = np.polyfit(np.log(k), np.log(lam[keep]), 1)
+    return float(-slope), float(np.exp(intercept))
+
+
+def _draw_spectrum(ax, report: Mapping, colour: str, label: str, band: bool, hollow: bool = False) -> None:
+    lam = _spectrum(report)
+    keep = lam > RANK_TOLERANCE * lam[0]
+    k = np.arange(1, lam.shape[0] + 1)
+    ax.loglog(k[keep], lam[keep], "o" if hollow else ".", ms=5 if hollow else 3, color=colour,
+              mfc="none" if hollow else colour, label=f"{label} eigenvalues")
+    alpha, scale = power_law_fit(lam)
+    ax.loglog(k[keep], scale * k[keep] ** -alpha, "-", lw=1, color=colour, alpha=0.8,
+              label=f"{label} fit α = {alpha:.2f}")
+    if band:
+        ax.axhspan(report["mp_lower"], report["mp_upper"], color=NULL_COLOUR, alpha=0.18,
+                   label=f"Marchenko–Pastur band (isotropic, n={report['n']}, d={report['d']})")
+    ax.set_xlabel("component k")
+    ax.set_ylabel("centred covariance eigenvalue λ_k")
+
+
+def spectrum_figure(report: Mapping) -> Figure:
+    """Log-log centred spectrum with the Marchenko–Pastur band of an isotropic cloud of equal total variance
+    and the fitted power law λ_k ∝ k^−α; title carries top-1 share, effective rank and eigenvalues above MP."""
+    fig = _new_figure(6.4, 4.2)
+    ax = fig.add_subplot()
+    _draw_spectrum(ax, report, AFTER_COLOUR, "", band=True)
+    ax.set_title(f"Spectrum: top-1 {report['top1_var']:.1%}, effective rank {report['effective_rank']:.1f}/"
+                 f"{report['d']}, {report['mp_above_upper']} above the MP edge", fontsize=10)
+    ax.legend(fontsize=8, loc="lower left")
+    return fig
+
+
+def sample_pair_cosines(samples: np.ndarray, max_pairs: int = MAX_PAIRS, seed: int = 0) -> np.ndarray:
+    """(≤ max_pairs,) cosines of random distinct pairs of rows of ``samples`` (m, d); all pairs when fewer."""
+    x = np.asarray(samples, dtype=np.float64)
+    u = x / np.linalg.norm(x, axis=1, keepdims=True)
+    m = u.shape[0]
+    if m < 2:
+        raise ValueError("need at least 2 sample vectors for pairwise cosines")
+    if m * (m - 1) // 2 <= max_pairs:
+        i, j = np.triu_indices(m, 1)
+    else:
+        rng = np.random.default_rng(seed)
+        i = rng.integers(0, m, size=max_pairs)
+        j = (i + rng.integers(1, m, size=max_pairs)) % m      # j ≠ i
+    return np.einsum("ij,ij->i", u[i], u[j])
+
+
+def _draw_cosines(ax, samples: np.ndarray, colour: str, label: str, seed: int) -> None:
+    cos = sample_pair_cosines(samples, seed=seed)
+    ax.hist(cos, bins=80, range=(-1, 1), density=True, color=colour, alpha=0.55,
+            label=f"{label} pairs (mean {cos.mean():.3f})")
+
+
+def _draw_isotropic_curve(ax, d: int) -> None:
+    grid = np.linspace(-1, 1, 801)
+    ax.plot(grid, np.sqrt(d / (2 * np.pi)) * np.exp(-grid ** 2 * d / 2), color="black", lw=1.2,
+            label=f"isotropic N(0, 1/d), sd {1 / math.sqrt(d):.3f}")
+    ax.set_xlim(-1, 1)
+    ax.set_xlabel("cosine of a random pair")
+    ax.set_ylabel("density")
+
+
+def cosine_histogram_figure(samples: np.ndarray, seed: int = 0) -> Figure:
+    """Histogram of sampled pairwise cosines of ``samples`` (m, d) against the isotropic N(0, 1/d) curve."""
+    d = np.asarray(samples).shape[1]
+    fig = _new_figure(6.4, 4.0)
+    ax = fig.add_subplot()
+    _draw_cosines(ax, samples, AFTER_COLOUR, "sampled", seed)
+    _draw_isotropic_curve(ax, d)
+    ax.set_title("Pairwise cosines vs the isotropic baseline", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    return fig
+
+
+def u1_metadata_figure(report: Mapping, samples: np.ndarray, metadata: Mapping[str, np.ndarray]) -> Figure:
+    """One panel per metadata column: the u1 projection (v − μ)·u1 of each sample row against the column.
+
+    Numeric columns are scatter plots titled with |corr| (u1 has no sign); other columns are strip plots per
+    value (at most 12 values, most frequent first). ``metadata`` must be non-empty and aligned with ``samples``.
+    """
+    if not metadata:
+        raise ValueError("u1 projection plot needs at least one metadata column")
+    proj = project_on_u1(samples, {"mean": np.asarray(report["mean"]), "u1": np.asarray(report["u1"])})
+    cols = min(3, len(metadata))
+    rows = math.ceil(len(metadata) / cols)
+    fig = _new_figure(4.2 * cols, 3.4 * rows)
+    for index, (name, values) in enumerate(metadata.items()):
+        ax = fig.add_subplot(rows, cols, index + 1)
+        values = np.asarray(values)
+        if values.shape[0] != proj.shape[0]:
+            raise ValueError(f"metadata column {name!r} has {values.shape[0]} values for {proj.shape[0]} samples")
+        if np.issubdtype(values.dtype, np.number):
+            ax.scatter(values, proj, s=5, alpha=0.45, color=AFTER_COLOUR)
+            corr = (abs(float(np.corrcoef(values.astype(np.float64), proj)[0, 1]))
+                    if values.std() > 0 and proj.std() > 0 else float("nan"))
+            ax.set_title(f"{name}: |corr| = {corr:.2f}", fontsize=10)
+            ax.set_xlabel(name)
+        else:
+            labels, counts = np.unique(values.astype(str), return_counts=True)
+            labels = labels[np.argsort(-counts, kind="stable")][:12]
+            rng = np.random.default_rng(0)
+            for pos, label in enumerate(labels):
+                pick = proj[values.astype(str) == label]
+                ax.scatter(pos + rng.uniform(-0.2, 0.2, size=pick.shape[0]), pick, s=5, alpha=0.45)
+                ax.plot([pos - 0.3, pos + 0.3], [pick.mean()] * 2, color="black", lw=2)
+            ax.set_xticks(range(len(labels)), labels, rotation=30, fontsize=8)
+            ax.set_title(f"{name}: mean projection per value", fontsize=10)
+        ax.set_ylabel("u1 projection")
+    return fig
+
+
+def before_after_figure(before: Mapping, after: Mapping, before_samples: np.ndarray | None = None,
+                        after_samples: np.ndarray | None = None) -> Figure:
+    """Before/after panels of a transform: both spectra on log-log axes, both cosine histograms (when both
+    samples are given), and the headline numbers side by side."""
+    with_cosines = before_samples is not None and after_samples is not None
+    panels = 3 if with_cosines else 2
+    fig = _new_figure(5.0 * panels, 4.0)
+    ax = fig.add_subplot(1, panels, 1)
+    _draw_spectrum(ax, before, BEFORE_COLOUR, "before", band=False, hollow=True)
+    _draw_spectrum(ax, after, AFTER_COLOUR, "after", band=True)
+    ax.set_title("Spectrum before / after", fontsize=10)
+    ax.legend(fontsize=7, loc="lower left")
+    if with_cosines:
+        ax = fig.add_subplot(1, panels, 2)
+        _draw_cosines(ax, before_samples, BEFORE_COLOUR, "before", 0)
+        _draw_cosines(ax, after_samples, AFTER_COLOUR, "after", 0)
+        _draw_isotropic_curve(ax, int(after["d"]))
+        ax.set_title("Pairwise cosines before / after", fontsize=10)
+        ax.legend(fontsize=7, loc="upper left")
+    ax = fig.add_subplot(1, panels, panels)
+    keys = [("anisotropy_A", "A"), ("offset_ratio", "offset"), ("top1_var", "top-1 var"),
+            ("top10_var", "top-10 var"), ("erank_frac", "erank / d")]
+    pos = np.arange(len(keys))
+    ax.barh(pos + 0.2, [float(before[k]) for k, _ in keys], height=0.4, color=BEFORE_COLOUR, label="before")
+    ax.barh(pos - 0.2, [float(after[k]) for k, _ in keys], height=0.4, color=AFTER_COLOUR, label="after")
+    ax.set_yticks(pos, [label for _, label in keys])
+    ax.invert_yaxis()
+    ax.set_xlim(min(0.0, *(float(after[k]) for k, _ in keys)) - 0.05, 1.05)
+    ax.set_title("Headline numbers", fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
+def figure_png(fig: Figure) -> bytes:
+    """PNG bytes of ``fig``."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def scalar_rows(report: Mapping, prefix: str = "") -> list[tuple[str, str]]:
+    """(name, formatted value) for every scalar of ``report``, nested mappings flattened as ``a.b``; arrays and
+    lists (spectrum, u1, mean, …) are left out."""
+    rows = []
+    for key, value in report.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            rows.extend(scalar_rows(value, prefix=name + "."))
+        elif isinstance(value, (bool, np.bool_, str)) or value is None:
+            rows.append((name, str(value)))
+        elif isinstance(value, (int, np.integer)):
+            rows.append((name, f"{int(value):,}"))
+        elif isinstance(value, (float, np.floating)):
+            rows.append((name, f"{float(value):.6g}"))
+    return rows
+
+
+def html_report(report: Mapping, images: Mapping[str, bytes], title: str = "Anisotropy report") -> str:
+    """One self-contained HTML page: the report's scalar numbers as a table and each PNG of ``images``
+    ({caption: PNG bytes}) embedded as a base64 data URI."""
+    table = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in scalar_rows(report))
+    figures = "\n".join(
+        f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+        f"<figcaption>{html.escape(name)}</figcaption></figure>" for name, png in images.items())
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}}
+table{{border-collapse:collapse}}th,td{{padding:2px 10px;border-bottom:1px solid #ddd;text-align:left}}
+td{{font-family:monospace}}img{{max-width:100%}}figure{{margin:1.5em 0}}</style></head>
+<body><h1>{html.escape(title)}</h1>
+<h2>Numbers</h2><table>
+{table}
+</table>
+<h2>Plots</h2>
+{figures}
+</body></html>
+"""
+
+
+def write_report_assets(report: Mapping, out_dir: str | pathlib.Path, samples: np.ndarray | None = None,
+                        metadata: Mapping[str, np.ndarray] | None = None, before: Mapping | None = None,
+                        before_samples: np.ndarray | None = None, title: str = "Anisotropy report") -> dict[str, str]:
+    """Write the plots of ``report`` as PNGs plus ``report.html`` into ``out_dir``; returns {asset: path}.
+
+    Always ``spectrum.png``; with ``samples`` (m, d) also ``cosines.png``; with samples and ``metadata``
+    ({name: (m,)}) also ``u1_metadata.png``; with ``before`` (the report before a transform; ``report`` is
+    the one after) also ``before_after.png`` (cosine panel when ``before_samples`` and ``samples`` are given).
+    """
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    figures = {"spectrum": ("Centred spectrum, Marchenko–Pastur band and power-law fit", spectrum_figure(report))}
+    if samples is not None:
+        figures["cosines"] = ("Sampled pairwise cosines vs isotropic N(0, 1/d)", cosine_histogram_figure(samples))
+        if metadata:
+            figures["u1_metadata"] = ("u1 projection vs metadata (the artefact test)",
+                                      u1_metadata_figure(report, samples, metadata))
+    if before is not None:
+        figures["before_after"] = ("Before / after the transform",
+                                   before_after_figure(before, report, before_samples, samples))
+    paths, images = {}, {}
+    for name, (caption, fig) in figures.items():
+        png = figure_png(fig)
+        path = out / f"{name}.png"
+        path.write_bytes(png)
+        paths[name], images[caption] = str(path), png
+    html_path = out / "report.html"
+    html_path.write_text(html_report(report, images, title), encoding="utf-8")
+    paths["html"] = str(html_path)
+    return paths
