@@ -32,6 +32,8 @@ SCALAR_METRICS = ["n", "d", "offset_ratio", "anisotropy_A", "isotropic_sd", "top
                   "mp_lower", "mp_upper", "mp_above_upper", "power_law_alpha"]
 
 METRIC_MEANINGS = {
+    "n": "valid vectors diagnosed",
+    "d": "dimension",
     "offset_ratio": "‖mean of unit vectors‖: 0 = centred on the origin, 1 = all vectors point the same way",
     "anisotropy_A": "average pairwise cosine, exact: (n·offset² − 1)/(n − 1)",
     "isotropic_sd": "1/√d, the spread of cosines between unrelated vectors in an isotropic space",
@@ -42,6 +44,7 @@ METRIC_MEANINGS = {
     "mean_norm_ratio": "‖μ‖ / mean ‖v‖: the raw mean's length relative to a typical vector",
     "raw_top1_share": "top-1 share of the uncentred second moment (offset + shape together)",
     "numerical_rank": "eigenvalues above 1e-10·λ₁ (below d means rank collapse)",
+    "mp_lower": "Marchenko–Pastur lower edge for isotropic data of this n, d and total variance",
     "mp_upper": "Marchenko–Pastur upper edge for isotropic data of this n, d and total variance",
     "mp_above_upper": "eigenvalues above that edge: directions that are more than sampling noise",
     "power_law_alpha": "slope α of the log-log spectrum, λ_k ∝ k^−α",
