@@ -1,0 +1,134 @@
+"""Fit + apply jobs end to end on Delta: values, versions, atomicity under failure, idempotence, diagnosis."""
+import dataclasses
+import sys
+
+import numpy as np
+import pytest
+from pyspark import cloudpickle
+
+from anisotropy_core import synthetic
+from anisotropy_core.artifact import Artifact, ArtifactError, load_artifact
+from anisotropy_core.transforms import Center
+from anisotropy_spark.diagnostics import diagnose_dataframe
+from anisotropy_spark.io import InvalidRowsError
+from jobs.apply import ApplyConfig, latest_commit, run_apply
+from jobs.fit import FitConfig, run_fit
+
+N, D = 600, 16
+MARKER = 1000.0   # first coordinate of the appended rows that make the injected transform fail
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])   # FailingCenter must reach the workers
+
+
+class FailingCenter(Center):
+    """Centring that raises in whichever batch holds a marker row (one partition fails, the others write)."""
+
+    method = "failing_center"
+
+    def _map(self, centred):
+        if (centred[:, 0] + self.mean[0] >= MARKER).any():
+            raise RuntimeError("injected failure in one partition")
+        return centred
+
+
+def write_table(spark, path, matrix, start=0, mode="overwrite"):
+    rows = [(start + i, f"doc{start + i}", len(row) + i % 7, [float(v) for v in row]) for i, row in enumerate(matrix)]
+    (spark.createDataFrame(rows, "id long, title string, token_count int, vector array<double>")
+     .repartition(3).write.format("delta").mode(mode).save(path))
+
+
+@pytest.fixture(scope="module")
+def corpus(spark, tmp_path_factory):
+    root = tmp_path_factory.mktemp("apply")
+    data = synthetic.cone(N, D, offset=4.0, alpha=1.0, seed=21)
+    write_table(spark, str(root / "corpus"), data)
+    return root, data
+
+
+def fitted(spark, root, method, **params):
+    config = FitConfig(input=str(root / "corpus"), artifact=str(root / f"{method}-artifact"), method=method,
+                       **params)
+    return run_fit(spark, config), config.artifact
+
+
+def test_abtt_fit_apply_idempotent_and_diagnosed(spark, corpus):
+    root, data = corpus
+    manifest, artifact = fitted(spark, root, "abtt")
+    assert manifest["params"] == {"D": 1, "d_rule": "marchenko_pastur_capped"}
+    assert manifest["fitted_on"] == {"path": str(root / "corpus"), "format": "delta", "version": 0}
+    config = ApplyConfig(input=str(root / "corpus"), artifact=artifact, output=str(root / "abtt-out"))
+    first = run_apply(spark, config)
+    assert first["status"] == "written" and first["output_version"] == 0
+    out = spark.read.format("delta").load(config.output)
+    assert out.columns == ["id", "title", "token_count", "vector", "transform_version"]
+    rows = out.orderBy("id").collect()
+    assert len(rows) == N and {r["transform_version"] for r in rows} == {manifest["transform_version"]}
+    assert rows[5]["title"] == "doc5" and rows[5]["token_count"] == D + 5
+    expected = load_artifact(artifact).transform.apply(data)
+    assert np.allclose(np.array([r["vector"] for r in rows]), expected, rtol=1e-12, atol=1e-12)
+
+    before = diagnose_dataframe(spark.read.format("delta").load(config.input), "vector", D)
+    after = diagnose_dataframe(out, "vector", D)
+    floor = -1.0 / (N - 1)                                   # A of a centred cloud with equal norms
+    assert before["anisotropy_A"] > 0.8
+    assert floor <= after["anisotropy_A"] < floor + 1e-4
+    assert after["spectrum"][-1] < 1e-20 * before["spectrum"][0] + 1e-12   # one direction removed
+    assert np.allclose(after["spectrum"][:D - 1], before["spectrum"][1:], rtol=1e-9)
+
+    again = run_apply(spark, config)                        # same input version + transform: skipped
+    assert again["status"] == "skipped" and latest_commit(spark, config.output)[0] == 0
+    forced = run_apply(spark, dataclasses.replace(config, force=True))
+    assert forced["output_version"] == 1
+    assert spark.read.format("delta").load(config.output).count() == N     # overwrite: never duplicated
+
+
+def test_whitening_output_is_white_in_k_dims(spark, corpus):
+    root, _ = corpus
+    manifest, artifact = fitted(spark, root, "whitening", k=6)
+    config = ApplyConfig(input=str(root / "corpus"), artifact=artifact, output=str(root / "white-out"),
+                         output_col="white")
+    run_apply(spark, config)
+    out = spark.read.format("delta").load(config.output)
+    assert out.columns == ["id", "title", "token_count", "vector", "white", "transform_version"]
+    report = diagnose_dataframe(out, "white", 6)
+    assert np.allclose(report["spectrum"], 1.0, atol=1e-9)
+    assert report["top1_var"] == pytest.approx(1 / 6, abs=1e-9)
+    assert np.allclose(report["mean"], 0.0, atol=1e-9)
+
+
+def test_failed_run_leaves_previous_version_unchanged(spark, corpus, tmp_path):
+    root, data = corpus
+    source = str(tmp_path / "source")
+    write_table(spark, source, data)
+    good = Artifact(Center(data.mean(axis=0)), {"transform_version": "center-good", "n": N, "fitted_on": None})
+    config = ApplyConfig(input=source, artifact="(injected)", output=str(tmp_path / "out"))
+    assert run_apply(spark, config, artifact=good)["output_version"] == 0
+    snapshot = sorted(tuple(r["vector"]) for r in spark.read.format("delta").load(config.output).collect())
+
+    marker = data[:5].copy()
+    marker[:, 0] = MARKER
+    write_table(spark, source, marker, start=N, mode="append")              # input version 1
+    bad = Artifact(FailingCenter(data.mean(axis=0)), {"transform_version": "failing-1", "n": N, "fitted_on": None})
+    with pytest.raises(Exception, match="injected failure"):
+        run_apply(spark, config, artifact=bad)
+    assert latest_commit(spark, config.output)[0] == 0
+    now = spark.read.format("delta").load(config.output)
+    assert now.count() == N and {r["transform_version"] for r in now.select("transform_version").collect()} == {"center-good"}
+    assert sorted(tuple(r["vector"]) for r in now.collect()) == snapshot
+
+
+def test_invalid_rows_and_dimension_mismatch(spark, corpus, tmp_path):
+    root, data = corpus
+    _, artifact = fitted(spark, root, "center")
+    broken = str(tmp_path / "broken")
+    bad = data[:20].copy()
+    bad[3, 2] = np.nan
+    write_table(spark, broken, bad)
+    config = ApplyConfig(input=broken, artifact=artifact, output=str(tmp_path / "o"))
+    with pytest.raises(InvalidRowsError, match=r"non_finite.*\[3\]"):
+        run_apply(spark, config)
+    assert latest_commit(spark, config.output) is None
+    narrow = str(tmp_path / "narrow")
+    write_table(spark, narrow, data[:20, :8])
+    with pytest.raises(ArtifactError, match="dimension 8 but transform center-"):
+        run_apply(spark, dataclasses.replace(config, input=narrow))
