@@ -24,8 +24,14 @@ class ConfigError(ValueError):
     """The configuration is invalid; the message names the offending key."""
 
 
+NOT_GIVEN = object()  # an override that was not given on the command line
+
+
 def load(schema: type[T], path: str | None, overrides: dict[str, Any] | None = None) -> T:
-    """Build a ``schema`` dataclass from the YAML file at ``path`` (optional) plus non-None ``overrides``."""
+    """Build a ``schema`` dataclass from the YAML file at ``path`` (optional) plus ``overrides``.
+
+    An override equal to :data:`NOT_GIVEN` leaves the file's value; ``None`` sets the key to null.
+    """
     raw: dict[str, Any] = {}
     if path:
         with open(path, encoding="utf-8") as handle:
@@ -33,7 +39,7 @@ def load(schema: type[T], path: str | None, overrides: dict[str, Any] | None = N
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: top level must be a mapping of settings, got {type(loaded).__name__}")
         raw.update(loaded or {})
-    raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    raw.update({k: v for k, v in (overrides or {}).items() if v is not NOT_GIVEN})
     return from_mapping(schema, raw, where=path or "config")
 
 
@@ -124,9 +130,12 @@ def parse_args(schema: type[T], argv: list[str] | None, description: str) -> tup
 
 
 def _parse_cli_value(hint: Any, text: str | None) -> Any:
-    """A CLI string as the field expects it: verbatim for text fields, else a YAML scalar or list."""
+    """A CLI string as the field expects it: verbatim for text fields (``null`` clears an optional one),
+    else a YAML scalar or list; :data:`NOT_GIVEN` when the flag was absent."""
     if text is None:
-        return None
+        return NOT_GIVEN
     is_union = typing.get_origin(hint) in (typing.Union, types.UnionType)
-    text_only = hint is str or is_union and set(typing.get_args(hint)) == {str, type(None)}
-    return text if text_only else yaml.safe_load(text)
+    optional_text = is_union and set(typing.get_args(hint)) == {str, type(None)}
+    if optional_text and text in ("null", "~"):
+        return None
+    return text if hint is str or optional_text else yaml.safe_load(text)

@@ -1,0 +1,64 @@
+"""Typed YAML config: unknown keys, types, literals, required keys, CLI overrides (incl. null)."""
+import dataclasses
+from typing import Literal
+
+import pytest
+
+from jobs.config import ConfigError, config_hash, from_mapping, parse_args
+
+
+@dataclasses.dataclass
+class Example:
+    input: str
+    k: int = 3
+    mode: Literal["a", "b"] = "a"
+    tol: float = 1.0
+    cols: list[str] = dataclasses.field(default_factory=list)
+    table: str | None = "out/t"
+    dimension: int | None = None
+
+    def check(self):
+        return [f"k must be ≥ 1, got {self.k}"] if self.k < 1 else []
+
+
+def test_valid_mapping_and_int_to_float():
+    c = from_mapping(Example, {"input": "x", "k": 4, "tol": 2, "cols": ["a"]})
+    assert c == Example(input="x", k=4, tol=2.0, cols=["a"]) and isinstance(c.tol, float)
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"input": "x", "kk": 1}, r"unknown key\(s\) \['kk'\]"),
+    ({"input": "x", "k": "3"}, "config.k: expected int, got str"),
+    ({"input": "x", "k": True}, "config.k: expected int, got bool"),
+    ({"input": "x", "mode": "c"}, r"config.mode: 'c' is not one of \['a', 'b'\]"),
+    ({"k": 1}, r"missing required key\(s\) \['input'\]"),
+    ({"input": "x", "cols": "a"}, "config.cols: expected a list"),
+    ({"input": "x", "k": 0}, "k must be ≥ 1"),
+])
+def test_errors_name_the_key(raw, message):
+    with pytest.raises(ConfigError, match=message):
+        from_mapping(Example, raw)
+
+
+def test_cli_overrides_file_and_null_clears(tmp_path):
+    conf = tmp_path / "c.yaml"
+    conf.write_text("input: from-file\nk: 5\ntable: out/metrics\n")
+    config, _ = parse_args(Example, ["--conf", str(conf), "--k", "7", "--cols", "[a, b]", "--table", "null",
+                                     "--dimension", "12"], "test")
+    assert (config.input, config.k, config.cols, config.table, config.dimension) == ("from-file", 7, ["a", "b"], None, 12)
+    untouched, _ = parse_args(Example, ["--conf", str(conf)], "test")
+    assert untouched.table == "out/metrics" and untouched.k == 5
+    text_kept, _ = parse_args(Example, ["--input", "123"], "test")
+    assert text_kept.input == "123"
+
+
+def test_yaml_is_loaded_safely(tmp_path):
+    conf = tmp_path / "evil.yaml"
+    conf.write_text("input: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(Exception, match="could not determine a constructor"):
+        parse_args(Example, ["--conf", str(conf)], "test")
+
+
+def test_config_hash_is_stable_and_sensitive():
+    a, b = Example(input="x"), Example(input="x", k=4)
+    assert config_hash(a) == config_hash(Example(input="x")) and config_hash(a) != config_hash(b)
