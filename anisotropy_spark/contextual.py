@@ -51,9 +51,10 @@ def _fold_partitions(df: DataFrame, columns: list[str], vector_col: str, dimensi
             cols = {c: batch.column(batch.schema.get_field_index(c)).to_pylist() for c in columns}
             for group, payload in fold(batch_matrix(batch, vector_col, dimension), cols).items():
                 states[group] = merge(states[group], payload) if group in states else payload
-        kinds, keys, payloads = zip(*[(k, _encode_key(key), p) for (k, key), p in states.items()]) or ((), (), ())
-        yield pa.RecordBatch.from_arrays([pa.array(list(kinds), pa.string()), pa.array(list(keys), pa.binary()),
-                                          pa.array(list(payloads), pa.binary())], schema=_ARROW_STATE_SCHEMA)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array([kind for kind, _ in states], pa.string()),
+             pa.array([_encode_key(key) for _, key in states], pa.binary()),
+             pa.array(list(states.values()), pa.binary())], schema=_ARROW_STATE_SCHEMA)
 
     partials = df.select(*columns, vector_col).mapInArrow(per_partition, STATE_SCHEMA)
     merged = (partials.rdd.map(lambda r: ((r["kind"], bytes(r["gkey"])), bytes(r["payload"])))

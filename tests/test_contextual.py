@@ -157,3 +157,17 @@ def test_spark_matches_numpy(spark):
                     assert g[key] == pytest.approx(value, abs=1e-10), (section, key)
                 else:
                     assert g[key] == value
+
+
+def test_spark_layer_baselines_only_with_empty_partitions(spark):
+    from anisotropy_spark.contextual import contextual_dataframe
+
+    layers, words, sentences, x = token_corpus(seed=5)
+    rows = [(int(layer), [float(v) for v in vec]) for layer, vec in zip(layers[::20], x[::20])]
+    df = spark.createDataFrame(rows, "layer int, vector array<double>").repartition(12)   # some partitions empty
+    got = contextual_dataframe(df, "vector", x.shape[1], word_col=None, sentence_col=None)
+    want = contextual_report(x[::20], layers[::20], words[::20], sentences[::20])
+    assert got["words"] == [] and got["sentences"] == []
+    assert [r["layer"] for r in got["layers"]] == [r["layer"] for r in want["layers"]]
+    for g, w in zip(got["layers"], want["layers"]):
+        assert g["n"] == w["n"] and g["baseline"] == pytest.approx(w["baseline"], abs=1e-12)
