@@ -1,0 +1,75 @@
+"""Throughput of the apply path against the I/O floor (a plain Delta read + write of the same table).
+
+    .venv/bin/python -m bench.apply [--rows 100000] [--dim 128] [--method abtt|whitening|center] [--repeats 2]
+
+Same Delta input, same Spark session, run side by side:
+  floor      — read the Delta table, write it to a new Delta table unchanged (the I/O floor)
+  transform  — read, CorrectionModel.transform (mapInArrow + numpy), add transform_version, write Delta
+  job        — the whole apply job (jobs.apply.run_apply: pin version, validate, dimension check, write)
+Each runs once as a warm-up, then ``repeats`` times; the best time is reported with its ratio to the floor.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import tempfile
+
+from pyspark.sql import functions as F
+
+from anisotropy_core.artifact import save_artifact
+from anisotropy_core.moments import Moments
+from anisotropy_core.transforms import fit
+from anisotropy_spark.estimators import CorrectionModel
+from anisotropy_spark.io import as_double_array
+from anisotropy_spark.session import get_spark
+from bench.common import timed, write_parquet_corpus
+from jobs.apply import ApplyConfig, run_apply
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--method", choices=["center", "abtt", "whitening"], default="abtt")
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    spark = get_spark("bench-apply", master="local[2]", extra_conf={"spark.driver.memory": "4g"})
+    with tempfile.TemporaryDirectory() as tmp:
+        root = pathlib.Path(tmp)
+        X = write_parquet_corpus(root / "parquet", args.rows, args.dim)
+        source = str(root / "corpus")
+        as_double_array(spark.read.parquet(str(root / "parquet")), "vector").write.format("delta").save(source)
+        params = {"D": max(1, args.dim // 100)} if args.method == "abtt" else {}
+        transform = fit(args.method, Moments.of_batch(X), **params)
+        manifest = save_artifact(str(root / "artifact"), transform, n=args.rows)
+        model = CorrectionModel(transform, n=args.rows)._set(inputCol="vector", outputCol="vector")
+
+        def floor():
+            spark.read.format("delta").load(source).write.format("delta").mode("overwrite").save(str(root / "floor"))
+
+        def transform_only():
+            out = model.transform(spark.read.format("delta").load(source))
+            (out.withColumn("transform_version", F.lit(manifest["transform_version"]))
+             .write.format("delta").mode("overwrite").save(str(root / "transformed")))
+
+        def job():
+            run_apply(spark, ApplyConfig(input=source, artifact=str(root / "artifact"), output=str(root / "job"),
+                                         force=True))
+
+        best = {}
+        for name, run in [("floor", floor), ("transform", transform_only), ("job", job)]:
+            run()  # warm-up: Python workers, file cache
+            times = {}
+            for i in range(args.repeats):
+                with timed(times, i):
+                    run()
+            best[name] = min(times.values())
+    print(f"table: {args.rows} x {args.dim} double, method {args.method}, Spark local[2]; best of {args.repeats}")
+    for name, seconds in best.items():
+        print(f"{name:9s} {seconds:8.2f} s  {args.rows / seconds:12,.0f} rows/s  "
+              f"time ratio to I/O floor {seconds / best['floor']:.2f}")
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
