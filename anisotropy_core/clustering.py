@@ -252,24 +252,32 @@ def lloyd(run_pass: PassFn, init: np.ndarray, metric: str, max_iter: int = DEFAU
 
 def kmeans_plus_plus(points: np.ndarray, k: int, metric: str, rng: np.random.Generator,
                      weights: np.ndarray | None = None) -> np.ndarray:
-    """k-means++ seeding on prepared ``points`` (m, d) with optional (m,) ``weights``: (k, d) centroids.
+    """Greedy k-means++ seeding on prepared ``points`` (m, d) with optional (m,) ``weights``: (k, d) centroids.
 
-    The first centre is drawn ∝ weight, each next one ∝ weight · distance to the chosen set. When every
-    remaining point coincides with a centre (fewer distinct points than k) the heaviest point is repeated;
-    Lloyd's empty-cluster re-seeding then moves the duplicates.
+    The first centre is drawn ∝ weight; for each next one, 2 + ⌊ln k⌋ candidates are drawn
+    ∝ weight · distance to the chosen set and the one that lowers the weighted cost most is kept
+    (Arthur & Vassilvitskii's greedy variant, as scikit-learn; it avoids most two-centres-in-one-cluster
+    starts). When every remaining point coincides with a centre (fewer distinct points than k) the heaviest
+    point is repeated; Lloyd's empty-cluster re-seeding then moves the duplicates.
     """
     m = points.shape[0]
     if m == 0:
         raise ValueError("k-means++ needs at least one point")
     w = np.ones(m) if weights is None else np.asarray(weights, dtype=np.float64)
+    trials = 2 + int(np.log(k))
     chosen = [int(rng.choice(m, p=w / w.sum()))]
     nearest = distances(points, points[chosen], metric)[:, 0]
     for _ in range(1, k):
         score = w * nearest
         total = score.sum()
-        pick = int(rng.choice(m, p=score / total)) if total > 0 else int(np.argmax(w))
-        chosen.append(pick)
-        nearest = np.minimum(nearest, distances(points, points[pick:pick + 1], metric)[:, 0])
+        if total <= 0:
+            chosen.append(int(np.argmax(w)))
+            continue
+        picks = rng.choice(m, size=trials, p=score / total)
+        candidate_nearest = np.minimum(nearest[None, :], distances(points[picks], points, metric))  # (trials, m)
+        best = int(np.argmin(candidate_nearest @ w))
+        chosen.append(int(picks[best]))
+        nearest = candidate_nearest[best]
     return points[chosen].copy()
 
 

@@ -1,0 +1,285 @@
+"""Distributed k-means and cluster-wise recentering on Spark (seed chapter 7, "the mean belongs to nobody").
+
+Every pass is one ``mapInArrow`` over the vector column: each partition folds its Arrow batches with numpy
+BLAS into one serialised state (no per-row Python), and the states are combined with ``rdd.treeReduce``
+(never Spark Accumulators, which double-count on task retry). The algorithms themselves — k-means||
+initialisation, Lloyd iterations, empty-cluster re-seeding, convergence — are the numpy driver loops of
+:mod:`anisotropy_core.clustering`, so :func:`fit_kmeans` computes exactly what the numpy reference
+``anisotropy_core.clustering.kmeans`` computes on the same partitions.
+
+Randomness (k-means|| sampling) comes from one generator per (seed, round, partition id), so a fit is
+deterministic given the seed and the input's partitioning.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+from pyspark import StorageLevel, TaskContext, keyword_only
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, DoubleType, IntegerType, StructField, StructType
+
+from anisotropy_core.artifact import ArtifactError
+from anisotropy_core.clustering import (DEFAULT_INIT_STEPS, DEFAULT_MAX_ITER, DEFAULT_OVERSAMPLING, DEFAULT_TOL,
+                                        ClusterRecenter, ClusterState, KMeansResult, assign, check_metric,
+                                        cluster_diagnostics, cluster_moments, first_centre_candidate,
+                                        kmeans_info, kmeans_parallel_init, lloyd, merge_cluster_moments,
+                                        oversample, partition_rng, prepare)
+from anisotropy_core.moments import Moments
+
+from .arrow import batch_matrix, matrix_column
+from .estimators import CorrectionEstimator, CorrectionModel, _row_context
+from .io import as_double_array, infer_dimension
+
+PAYLOAD_SCHEMA = pa.schema([("partition", pa.int64()), ("payload", pa.binary())])
+PAYLOAD_DDL = "partition long, payload binary"
+TREE_DEPTH = 2
+
+Fold = Callable[[Iterator[np.ndarray], int], bytes]
+
+
+def _partition_payloads(vector_col: str, dimension: int, fold: Fold):
+    """``mapInArrow`` function: the partition's (B, d) batches → ``fold(matrices, partition id)`` → one row."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        partition = TaskContext.get().partitionId()
+        matrices = (batch_matrix(b, vector_col, dimension) for b in batches if b.num_rows)
+        payload = fold(matrices, partition)
+        yield pa.RecordBatch.from_pydict({"partition": [partition], "payload": [payload]}, schema=PAYLOAD_SCHEMA)
+
+    return run
+
+
+def _payloads(df: DataFrame, vector_col: str, dimension: int, fold: Fold) -> DataFrame:
+    return df.select(vector_col).mapInArrow(_partition_payloads(vector_col, dimension, fold), PAYLOAD_DDL)
+
+
+def _reduce(df: DataFrame, vector_col: str, dimension: int, fold: Fold, decode: Callable[[bytes], Any],
+            merge: Callable[[Any, Any], Any]) -> Any:
+    """One pass: per-partition ``fold`` → ``decode`` → ``treeReduce(merge)`` on the driver."""
+    rows = _payloads(df, vector_col, dimension, fold).rdd.map(lambda row: decode(bytes(row["payload"])))
+    return rows.treeReduce(merge, depth=TREE_DEPTH)
+
+
+def assignment_pass(df: DataFrame, vector_col: str, dimension: int, centroids: np.ndarray,
+                    metric: str) -> ClusterState:
+    """One Lloyd pass: per-cluster sums, counts, inertia and farthest points of ``df`` against
+    ``centroids`` (k, d); vectors are ``array<double>`` of length ``dimension``."""
+    centroids = np.asarray(centroids, dtype=np.float64)
+
+    def fold(matrices: Iterator[np.ndarray], _partition: int) -> bytes:
+        state = ClusterState.empty(*centroids.shape)
+        for x in matrices:
+            state = state.merge(ClusterState.of_batch(prepare(x, metric), centroids, metric))
+        return state.to_bytes()
+
+    return _reduce(df, vector_col, dimension, fold, ClusterState.from_bytes, ClusterState.merge)
+
+
+def _collect_rows(df: DataFrame, vector_col: str, dimension: int, fold: Fold, width: int) -> np.ndarray:
+    """(m, width) float64 rows produced by ``fold`` in every partition, concatenated in partition order
+    (small results only: k-means|| candidates)."""
+    rows = sorted(_payloads(df, vector_col, dimension, fold).collect(), key=lambda r: r["partition"])
+    return np.concatenate([np.frombuffer(bytes(r["payload"]), dtype=np.float64).reshape(-1, width)
+                           for r in rows])
+
+
+def first_centre(df: DataFrame, vector_col: str, dimension: int, metric: str, seed: int) -> np.ndarray:
+    """(d,) a uniformly random prepared row: the smallest per-row uniform key over all partitions."""
+
+    def fold(matrices: Iterator[np.ndarray], partition: int) -> bytes:
+        rng = partition_rng(seed, -1, partition)
+        best = (np.inf, np.zeros(dimension))
+        for x in matrices:
+            key, row = first_centre_candidate(prepare(x, metric), rng)
+            best = min(best, (key, row), key=lambda kv: kv[0])
+        return np.concatenate([[best[0]], best[1]]).tobytes() if np.isfinite(best[0]) else b""
+
+    keyed = _collect_rows(df, vector_col, dimension, fold, dimension + 1)
+    if keyed.shape[0] == 0:
+        raise ValueError("k-means needs at least one vector: the input is empty")
+    return keyed[int(np.argmin(keyed[:, 0])), 1:]
+
+
+def oversample_pass(df: DataFrame, vector_col: str, dimension: int, centroids: np.ndarray, scale: float,
+                    round_: int, metric: str, seed: int) -> np.ndarray:
+    """k-means|| round: (m, d) prepared rows kept with probability min(1, scale · distance to centroids)."""
+    centroids = np.asarray(centroids, dtype=np.float64)
+
+    def fold(matrices: Iterator[np.ndarray], partition: int) -> bytes:
+        rng = partition_rng(seed, round_, partition)
+        kept = [oversample(prepare(x, metric), centroids, metric, scale, rng) for x in matrices]
+        return np.concatenate(kept).tobytes() if kept else b""
+
+    return _collect_rows(df, vector_col, dimension, fold, dimension)
+
+
+def fit_kmeans(df: DataFrame, vector_col: str, k: int, metric: str = "euclidean", seed: int = 0,
+               max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL, init_steps: int = DEFAULT_INIT_STEPS,
+               oversampling: float = DEFAULT_OVERSAMPLING, init: np.ndarray | None = None,
+               dimension: int | None = None) -> KMeansResult:
+    """Distributed k-means (k-means|| init + Lloyd) of the valid ``array<double>`` column ``vector_col``.
+
+    ``metric``: ``"euclidean"`` or ``"cosine"`` (spherical; centroids are unit vectors). ``init``: optional
+    (k, d) starting centroids (skips k-means||). The input's vector column is persisted for the duration
+    of the fit unless it is already cached. Returns a :class:`KMeansResult` (centroids (k, d), sizes,
+    inertia, iterations, convergence flag, inertia history).
+    """
+    check_metric(metric)
+    d = dimension if dimension is not None else infer_dimension(df, vector_col)
+    vectors = df.select(vector_col)
+    owned = not df.is_cached
+    if owned:
+        vectors = vectors.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        def run_pass(centroids: np.ndarray) -> ClusterState:
+            return assignment_pass(vectors, vector_col, d, centroids, metric)
+
+        if init is None:
+            start = kmeans_parallel_init(
+                lambda: first_centre(vectors, vector_col, d, metric, seed), run_pass,
+                lambda c, scale, round_: oversample_pass(vectors, vector_col, d, c, scale, round_, metric, seed),
+                k, metric, seed, init_steps, oversampling)
+        else:
+            start = prepare(init, metric)
+        if start.shape != (k, d):
+            raise ValueError(f"initial centroids have shape {start.shape}, expected {(k, d)}")
+        return lloyd(run_pass, start, metric, max_iter, tol)
+    finally:
+        if owned:
+            vectors.unpersist()
+
+
+def cluster_moments_pass(df: DataFrame, vector_col: str, dimension: int, centroids: np.ndarray,
+                         metric: str) -> list[Moments]:
+    """One pass: the k :class:`Moments` states (raw vectors) of the clusters of ``centroids`` (k, d)."""
+    centroids = np.asarray(centroids, dtype=np.float64)
+    k = centroids.shape[0]
+    size = len(Moments.empty(dimension).to_bytes())
+
+    def fold(matrices: Iterator[np.ndarray], _partition: int) -> bytes:
+        states = [Moments.empty(dimension)] * k
+        for x in matrices:
+            ids = assign(prepare(x, metric), centroids, metric)[0]
+            states = merge_cluster_moments(states, cluster_moments(x, ids, k))
+        return b"".join(s.to_bytes() for s in states)
+
+    def decode(payload: bytes) -> list[Moments]:
+        return [Moments.from_bytes(payload[c * size:(c + 1) * size]) for c in range(k)]
+
+    return _reduce(df, vector_col, dimension, fold, decode, merge_cluster_moments)
+
+
+def spark_cluster_diagnostics(df: DataFrame, vector_col: str, centroids: np.ndarray, metric: str = "euclidean",
+                              dimension: int | None = None) -> dict:
+    """Per-cluster diagnosis table of ``df`` for the clusters of ``centroids`` (k, d): one pass, then
+    :func:`anisotropy_core.clustering.cluster_diagnostics` (see there for the returned dict)."""
+    d = dimension if dimension is not None else infer_dimension(df, vector_col)
+    return cluster_diagnostics(cluster_moments_pass(df, vector_col, d, centroids, metric))
+
+
+class ClusterRecenterEstimator(CorrectionEstimator):
+    """Cluster-wise recentering (seed chapter 7): k-means with modest ``k``, then one mean — and optionally
+    the top ``D`` within-cluster directions — per cluster. ``fit`` returns a :class:`ClusterRecenterModel`.
+
+    Params: ``k`` (default 8), ``D`` directions removed per cluster (default 0), ``distanceMeasure``
+    (``euclidean`` | ``cosine``), ``seed``, ``maxIter``, ``tol`` (relative inertia change), ``initSteps``
+    (k-means|| rounds), ``clusterCol`` (output cluster-id column of the model, default ``cluster_id``).
+    """
+
+    k = Param(Params._dummy(), "k", "number of clusters", typeConverter=TypeConverters.toInt)
+    D = Param(Params._dummy(), "D", "top within-cluster directions removed per cluster",
+              typeConverter=TypeConverters.toInt)
+    distanceMeasure = Param(Params._dummy(), "distanceMeasure", "euclidean | cosine",
+                            typeConverter=TypeConverters.toString)
+    seed = Param(Params._dummy(), "seed", "random seed of the k-means|| initialisation",
+                 typeConverter=TypeConverters.toInt)
+    maxIter = Param(Params._dummy(), "maxIter", "maximum Lloyd iterations", typeConverter=TypeConverters.toInt)
+    tol = Param(Params._dummy(), "tol", "relative inertia change that stops Lloyd",
+                typeConverter=TypeConverters.toFloat)
+    initSteps = Param(Params._dummy(), "initSteps", "k-means|| rounds", typeConverter=TypeConverters.toInt)
+    clusterCol = Param(Params._dummy(), "clusterCol", "output column of cluster ids",
+                       typeConverter=TypeConverters.toString)
+
+    @keyword_only
+    def __init__(self, *, inputCol: str | None = None, outputCol: str | None = None, k: int = 8, D: int = 0,
+                 distanceMeasure: str = "euclidean", seed: int = 0, maxIter: int = DEFAULT_MAX_ITER,
+                 tol: float = DEFAULT_TOL, initSteps: int = DEFAULT_INIT_STEPS, clusterCol: str = "cluster_id"):
+        super().__init__()
+        self._setDefault(k=8, D=0, distanceMeasure="euclidean", seed=0, maxIter=DEFAULT_MAX_ITER, tol=DEFAULT_TOL,
+                         initSteps=DEFAULT_INIT_STEPS, clusterCol="cluster_id")
+        self._set(**self._input_kwargs)
+
+    def _fit(self, dataset: DataFrame) -> "ClusterRecenterModel":
+        fitted = super()._fit(dataset)
+        model = ClusterRecenterModel(fitted.transform_, n=fitted.n, fitted_on=fitted.fitted_on)
+        return self._copyValues(model._set(clusterCol=self.getOrDefault(self.clusterCol)))
+
+    def _fit_transform(self, vectors: DataFrame, col: str, d: int) -> tuple[ClusterRecenter, int]:
+        get = self.getOrDefault
+        metric = check_metric(get(self.distanceMeasure))
+        vectors = vectors.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            result = fit_kmeans(vectors, col, get(self.k), metric, seed=get(self.seed), max_iter=get(self.maxIter),
+                                tol=get(self.tol), init_steps=get(self.initSteps), dimension=d)
+            states = cluster_moments_pass(vectors, col, d, result.centroids, metric)
+        finally:
+            vectors.unpersist()
+        transform = ClusterRecenter.from_moments(result.centroids, states, get(self.D), metric,
+                                                 kmeans_info(result))
+        return transform, int(transform.sizes.sum())
+
+
+class ClusterRecenterModel(CorrectionModel):
+    """Fitted cluster recentering: ``transform(df)`` writes ``outputCol`` (array<double>, corrected vector)
+    and ``clusterCol`` (int, the cluster the vector landed in), keeping every other column. Saves and loads
+    as the shared artifact (method ``cluster_recenter``) plus pyspark.ml metadata."""
+
+    clusterCol = Param(Params._dummy(), "clusterCol", "output column of cluster ids",
+                       typeConverter=TypeConverters.toString)
+
+    def __init__(self, transform: ClusterRecenter | None = None, n: int = 0, fitted_on: dict | None = None):
+        super().__init__(transform, n, fitted_on)
+        self._setDefault(clusterCol="cluster_id")
+
+    def setClusterCol(self, value: str) -> "ClusterRecenterModel":
+        return self._set(clusterCol=value)
+
+    def _transform(self, dataset: DataFrame) -> DataFrame:
+        col, out, cluster = self.getInputCol(), self.getOutputCol(), self.getOrDefault(self.clusterCol)
+        df = _checked_input(dataset, col, self.transform_)
+        fields = [f for f in df.schema.fields if f.name not in (out, cluster)]
+        schema = StructType(fields + [StructField(out, ArrayType(DoubleType()), True),
+                                      StructField(cluster, IntegerType(), True)])
+        return df.mapInArrow(apply_cluster_batches(self.transform_, col, out, cluster), schema)
+
+
+def _checked_input(dataset: DataFrame, col: str, transform: ClusterRecenter) -> DataFrame:
+    """``dataset`` with ``col`` as array<double>; raises ArtifactError if its vectors have another dimension."""
+    df = as_double_array(dataset, col)
+    first = df.where(F.col(col).isNotNull()).select(F.size(col).alias("d")).first()
+    if first is not None and first["d"] != transform.d_in:
+        raise ArtifactError(f"column {col!r} holds vectors of dimension {first['d']} but the "
+                            f"{transform.method} transform was fitted on dimension {transform.d_in}")
+    return df
+
+
+def apply_cluster_batches(transform: ClusterRecenter, vector_col: str, output_col: str, cluster_col: str):
+    """``mapInArrow`` function: each batch's (B, d) vectors → corrected ``output_col`` + int ``cluster_col``."""
+    d = transform.d_in
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            try:
+                corrected, ids = transform.apply_with_clusters(batch_matrix(batch, vector_col, d))
+            except ValueError as exc:
+                raise ValueError(f"{exc} [{_row_context(batch, getattr(exc, 'row', None), vector_col)}]") from exc
+            names = [n for n in batch.schema.names if n not in (output_col, cluster_col)]
+            columns = [batch.column(batch.schema.get_field_index(n)) for n in names]
+            yield pa.RecordBatch.from_arrays(columns + [matrix_column(corrected), pa.array(ids.astype(np.int32))],
+                                             names + [output_col, cluster_col])
+
+    return run

@@ -1,0 +1,102 @@
+"""Distributed k-means and ClusterRecenter on Spark against the numpy reference and pyspark.ml KMeans."""
+import numpy as np
+import pytest
+from pyspark.ml.clustering import KMeans
+from pyspark.ml.functions import array_to_vector
+
+from anisotropy_core.artifact import load_artifact
+from anisotropy_core.clustering import cluster_diagnostics, cluster_moments, kmeans
+from anisotropy_core.synthetic import mixture
+from anisotropy_spark.kmeans import (ClusterRecenterEstimator, ClusterRecenterModel, fit_kmeans,
+                                     spark_cluster_diagnostics)
+
+PARTITIONS = 2
+
+
+def frame(spark, X, labels=None):
+    """DataFrame ``id long, vector array<double>[, label int]`` of X (n, d) in PARTITIONS partitions."""
+    if labels is None:
+        return spark.createDataFrame([(i, v.tolist()) for i, v in enumerate(X)],
+                                     "id long, vector array<double>").coalesce(PARTITIONS)
+    return spark.createDataFrame([(i, v.tolist(), int(c)) for i, (v, c) in enumerate(zip(X, labels))],
+                                 "id long, vector array<double>, label int").coalesce(PARTITIONS)
+
+
+def partitions(df):
+    """The (n_p, d) numpy matrices of ``df``'s vector column, partition by partition, in row order."""
+    return [np.array([row["vector"] for row in part], dtype=np.float64)
+            for part in df.select("vector").rdd.glom().collect()]
+
+
+@pytest.mark.parametrize("metric, use_init", [("euclidean", False), ("cosine", True)])
+def test_spark_kmeans_equals_numpy_reference(spark, metric, use_init):
+    X, _ = mixture(2000, 8, (0.4, 0.3, 0.2, 0.1), separation=6.0, spread=0.6, seed=2)
+    df = frame(spark, X).cache()
+    parts = partitions(df)
+    assert len(parts) == PARTITIONS and sum(len(p) for p in parts) == len(X)
+    init = X[[0, 1, 2, 3]] if use_init else None
+    ours = fit_kmeans(df, "vector", 4, metric, seed=5, init=init)
+    reference = kmeans(parts, 4, metric, seed=5, init=init)
+    assert ours.n_iter == reference.n_iter and ours.converged == reference.converged
+    assert np.array_equal(ours.counts, reference.counts)
+    assert np.allclose(ours.centroids, reference.centroids, rtol=0, atol=1e-12)
+    assert ours.inertia == pytest.approx(reference.inertia, rel=1e-12)
+    df.unpersist()
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_inertia_within_one_percent_of_spark_ml(spark, metric):
+    # clusters separated point-wise (within-cluster distances ≈ 0.3·√32 = 1.7 < separation 5), so both
+    # implementations can reach the optimum from their k-means|| starts and the costs are comparable
+    X, _ = mixture(4000, 16, (0.25, 0.2, 0.2, 0.15, 0.1, 0.1), separation=5.0, spread=0.3, seed=3)
+    df = frame(spark, X).cache()
+    ours = fit_kmeans(df, "vector", 6, metric, seed=1, max_iter=40, tol=1e-6, init_steps=2)
+    engine = KMeans(k=6, seed=1, maxIter=40, tol=1e-6, initMode="k-means||", initSteps=2,
+                    distanceMeasure=metric, featuresCol="features")
+    model = engine.fit(df.select(array_to_vector("vector").alias("features")))
+    theirs = model.summary.trainingCost
+    assert ours.inertia == pytest.approx(theirs, rel=0.01)
+    df.unpersist()
+
+
+def test_cluster_recenter_fit_transform_save_load(spark, tmp_path):
+    X, labels = mixture(1200, 6, (0.8, 0.2), separation=6.0, spread=0.5, seed=4)   # no overlap
+    df = frame(spark, X, labels)
+    model = ClusterRecenterEstimator(k=2, D=1, seed=3, clusterCol="cluster").fit(df)
+    assert isinstance(model, ClusterRecenterModel)
+    transform = model.transform_
+    assert transform.method == "cluster_recenter" and transform.k == 2 and transform.n_directions == 1
+    assert sorted(transform.sizes.tolist()) == sorted(np.bincount(labels).tolist())
+
+    out = model.transform(df).orderBy("id").collect()
+    assert out[0].asDict().keys() == {"id", "vector", "label", "corrected", "cluster"}
+    corrected = np.array([r["corrected"] for r in out])
+    ids = np.array([r["cluster"] for r in out])
+    expected, expected_ids = transform.apply_with_clusters(X)
+    assert np.array_equal(ids, expected_ids)
+    assert np.allclose(corrected, expected, rtol=0, atol=1e-12)
+    assert np.array_equal(ids == ids[0], labels == labels[0])       # clusters are the populations
+
+    path = str(tmp_path / "cluster_recenter")
+    model.save(path)
+    loaded = ClusterRecenterModel.load(path)
+    assert loaded.getOrDefault(loaded.clusterCol) == "cluster" and loaded.getOutputCol() == "corrected"
+    assert loaded.transform_version == model.transform_version
+    again = loaded.transform(df).orderBy("id").collect()
+    assert np.array_equal(np.array([r["corrected"] for r in again]), corrected)
+    assert np.array_equal(np.array([r["cluster"] for r in again]), ids)
+    served = load_artifact(path, expected_dimension=6).transform      # plain numpy, no Spark
+    assert np.allclose(served.apply(X), expected, rtol=0, atol=1e-12)
+
+
+def test_spark_cluster_diagnostics_equals_numpy(spark):
+    X, labels = mixture(1000, 5, (0.7, 0.3), separation=6.0, seed=6)
+    centroids = np.stack([X[labels == c].mean(axis=0) for c in range(2)])
+    table = spark_cluster_diagnostics(frame(spark, X), "vector", centroids)
+    ids = np.argmin(((X[:, None, :] - centroids) ** 2).sum(axis=2), axis=1)
+    reference = cluster_diagnostics(cluster_moments(X, ids, 2))
+    assert table["locally_isotropic"] == reference["locally_isotropic"]
+    for row, ref in zip(table["clusters"] + [table["global"]], reference["clusters"] + [reference["global"]]):
+        assert row.keys() == ref.keys()
+        for key, value in ref.items():
+            assert row[key] == pytest.approx(value, rel=1e-9), key
