@@ -27,6 +27,10 @@ import numpy as np
 from .diagnostics import anisotropy_from_offset
 from .moments import Moments
 
+# a total occurrence variance below this fraction of ‖mean‖² is rounding noise of identical vectors
+# (float64 rounding leaves ~1e-32·‖mean‖²); real spread in embeddings is many orders of magnitude above
+IDENTICAL_TOLERANCE = 1e-20
+
 
 @dataclass
 class GroupSums:
@@ -114,17 +118,19 @@ def mev(state: Moments) -> dict:
 
     Returns ``{"m", "mev", "mev_floor", "mev_over_floor"}``: top-1 share of the centred covariance
     spectrum, its uniform floor 1/(m − 1) (rank of the centred m × d occurrence matrix ≤ m − 1, and ≤ d),
-    and their ratio (1 = no dominant direction beyond what uniform spread gives).
+    and their ratio (1 = no dominant direction beyond what uniform spread gives). When every occurrence is
+    the same vector (e.g. [CLS] at the input layer, always at position 0) there is no variance to explain:
+    ``mev`` and ``mev_over_floor`` are None (total variance ≤ ``IDENTICAL_TOLERANCE``·‖mean‖²).
     """
     m = state.n
     if m < 2:
         raise ValueError(f"MEV needs at least 2 occurrences, got m={m}")
     lam = np.linalg.eigvalsh(state.covariance())
     total = lam.sum()
-    if total <= 0:
-        raise ValueError("all occurrences are identical: no variance to explain")
-    share = float(lam[-1] / total)
     floor = 1.0 / min(m - 1, state.d)
+    if total <= IDENTICAL_TOLERANCE * float(state.mean @ state.mean):
+        return {"m": int(m), "mev": None, "mev_floor": floor, "mev_over_floor": None}
+    share = float(lam[-1] / total)
     return {"m": int(m), "mev": share, "mev_floor": floor, "mev_over_floor": share / floor}
 
 

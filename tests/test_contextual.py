@@ -77,6 +77,9 @@ def test_mev_and_its_floor():
     assert mev(Moments.of_batch(rng.normal(size=(30, 4))))["mev_floor"] == pytest.approx(0.25)
     with pytest.raises(ValueError, match="at least 2"):
         mev(Moments.of_batch(iso[:1]))
+    # identical occurrences (a [CLS] token at the input layer): nothing to explain, reported as None
+    assert mev(Moments.of_batch(np.tile(iso[:1], (5, 1)))) == {"m": 5, "mev": None, "mev_floor": 0.25,
+                                                                "mev_over_floor": None}
 
 
 def token_corpus(seed=0, d=16):
