@@ -145,12 +145,11 @@ def test_kmeans_is_deterministic_and_recovers_separated_clusters():
     oracle = kmeans(X, 3, init=np.stack([X[labels == c].mean(axis=0) for c in range(3)]))
     assert first.inertia <= oracle.inertia * (1 + 1e-9)      # as good as Lloyd started from the truth
     assert all(b <= a * (1 + 1e-12) for a, b in zip(first.history, first.history[1:]))   # Lloyd never worsens
-    # partitioned input draws other k-means|| samples, but run to the exact fixed point (tol = 0) it
-    # lands on the same partition of the rows
-    split, whole = kmeans([X[:1000], X[1000:]], 3, seed=11, tol=0.0), kmeans(X, 3, seed=11, tol=0.0)
-    assert split.converged and whole.converged
-    assert split.inertia == pytest.approx(whole.inertia, rel=1e-12)
-    assert sorted(split.counts.tolist()) == sorted(whole.counts.tolist())
+    # Lloyd does not depend on how the rows are split into partitions (same start, same passes)
+    split = kmeans([X[:1000], X[1000:2500], X[2500:]], 3, init=X[:3], tol=0.0)
+    whole = kmeans(X, 3, init=X[:3], tol=0.0)
+    assert split.n_iter == whole.n_iter and np.array_equal(split.counts, whole.counts)
+    assert np.allclose(split.centroids, whole.centroids, rtol=0, atol=1e-12)
 
 
 def test_cosine_kmeans_clusters_directions_not_lengths():
