@@ -1,0 +1,175 @@
+"""The nightly job in-process: publish, no-op re-run, gate rejection, incremental MERGE, rollback, config errors.
+
+Data: 300 valid rows × 8 dims (a pencil-shaped cone, so the chapter-9 decision is ABTT with a measured D)
+plus three invalid rows that must be quarantined, never silently dropped.
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+from delta.tables import DeltaTable
+
+from anisotropy_core.artifact import load_artifact
+from anisotropy_core.moments import Moments
+from anisotropy_core.synthetic import pencil
+from anisotropy_core.transforms import fit_abtt
+from jobs import nightly
+from jobs.config import ConfigError
+
+N, D = 300, 8
+
+
+def corpus(n=N, d=D, seed=0, start=0):
+    """(ids (n,), vectors (n, d), token counts (n,)) of a pencil-shaped cone (2× spread along one axis) with an offset of 4."""
+    X = pencil(n, d, length=2.0, seed=seed) + 4.0
+    return np.arange(start, start + n), X, np.round(50 + 10 * X[:, 0])
+
+
+def write_input(spark, path, ids, X, tokens, mode="overwrite", invalid=True):
+    """Write the rows (plus, when ``invalid``, a null, a wrong-dimension and a NaN vector) as Delta."""
+    rows = [(int(i), [float(v) for v in x], float(t)) for i, x, t in zip(ids, X, tokens)]
+    if invalid:
+        rows += [(-1, None, 1.0), (-2, [1.0] * 5, 1.0), (-3, [float("nan")] + [1.0] * (D - 1), 1.0)]
+    (spark.createDataFrame(rows, "id long, vector array<double>, token_count double").repartition(2)
+     .write.format("delta").mode(mode).save(path))
+
+
+def job_config(tmp_path, name="nightly.yaml", **overrides) -> str:
+    """A nightly YAML config under ``tmp_path`` (returned path); ``overrides`` replace keys."""
+    settings = {
+        "input": str(tmp_path / "input"), "output": str(tmp_path / "output"),
+        "metadata_cols": ["token_count"], "quarantine_path": str(tmp_path / "quarantine"),
+        "artifacts_dir": str(tmp_path / "transforms"), "runs_dir": str(tmp_path / "runs"),
+        "runs_table": str(tmp_path / "runs_table"),
+        "output_bounds": {"anisotropy_A": [None, 0.5], "top1_var": [None, 0.9]},
+    }
+    settings.update(overrides)
+    path = tmp_path / name
+    path.write_text(json.dumps(settings))      # JSON is YAML
+    return str(path)
+
+
+def record(tmp_path, status=None) -> dict:
+    """The latest run record JSON written under runs/ (optionally the latest with ``status``)."""
+    folder = tmp_path / "runs"
+    records = [json.loads(p.read_text()) for p in folder.iterdir()]
+    records.sort(key=lambda r: r["finished_at"])
+    if status:
+        records = [r for r in records if r["status"] == status]
+    return records[-1]
+
+
+def table(spark, path, version=None) -> dict:
+    """{id: corrected vector (d,)} of the output table (at ``version``)."""
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    return {r["id"]: np.array(r["vector"]) for r in reader.load(path).select("id", "vector").collect()}
+
+
+def history(spark, path):
+    return (DeltaTable.forPath(spark, path).history().orderBy("version")
+            .select("version", "operation", "userMetadata").collect())
+
+
+def test_publish_noop_gate_incremental_rollback(spark, tmp_path):
+    ids, X, tokens = corpus()
+    write_input(spark, str(tmp_path / "input"), ids, X, tokens)
+    conf = job_config(tmp_path)
+    output = str(tmp_path / "output")
+
+    # 1. first night: full publish of the recommended correction (ABTT, measured D)
+    assert nightly.main(["--conf", conf]) == 0
+    first = record(tmp_path)
+    assert (first["status"], first["mode"]) == ("published", "full")
+    assert first["recommendation"]["method"] == first["applied"]["method"] == "abtt"
+    D_chosen = first["recommendation"]["D"]
+    assert D_chosen == 1 and first["applied"]["params"]["D"] == 1 and first["applied"]["refitted"]
+    assert first["counts"]["invalid_rows"] == 3 and first["counts"]["output_rows"] == N
+    expected = fit_abtt(Moments.of_batch(X), D=D_chosen).apply(X)
+    published = table(spark, output)
+    assert sorted(published) == list(ids)
+    assert max(np.abs(published[i] - expected[i]).max() for i in ids) < 1e-10
+    (v0,) = history(spark, output)
+    meta = json.loads(v0["userMetadata"])
+    assert meta["run_id"] == first["run_id"] and meta["input_version"] == 0
+    assert meta["transform_version"] == first["applied"]["transform_version"]
+    versions = {r["transform_version"] for r in spark.read.format("delta").load(output).collect()}
+    assert versions == {meta["transform_version"]}
+    reasons = {r["invalid_reason"] for r in spark.read.format("delta").load(str(tmp_path / "quarantine")).collect()}
+    assert reasons == {"null_vector", "wrong_dimension:5", "non_finite"}
+
+    # 2. same night again: a no-op, the table keeps its single version
+    assert nightly.main(["--conf", conf]) == 0
+    assert record(tmp_path)["status"] == "noop" and len(history(spark, output)) == 1
+
+    # 3. a run whose output violates the gate's bounds publishes nothing and exits 3
+    strict = job_config(tmp_path, "strict.yaml", method="center", output_bounds={"anisotropy_A": [None, -0.5]})
+    assert nightly.main(["--conf", strict]) == 3
+    rejected = record(tmp_path, "gate_rejected")
+    assert "anisotropy_A" in rejected["reason"] and "outside the bounds" in rejected["reason"]
+    assert len(history(spark, output)) == 1
+
+    # 4. new rows arrive (append): the transform is reused and only the new rows are MERGEd on id
+    new_ids, X_new, tokens_new = corpus(n=20, seed=1, start=1000)
+    write_input(spark, str(tmp_path / "input"), new_ids, X_new, tokens_new, mode="append", invalid=False)
+    assert nightly.main(["--conf", conf]) == 0
+    third = record(tmp_path, "published")
+    assert third["mode"] == "incremental" and not third["applied"]["refitted"]
+    assert third["counts"]["rows_written"] == 20 and third["counts"]["output_rows"] == N + 20
+    assert [h["operation"] for h in history(spark, output)] == ["WRITE", "MERGE"]
+    after = table(spark, output)
+    reused = load_artifact(third["applied"]["artifact"]).transform
+    assert all(np.array_equal(after[i], published[i]) for i in ids)
+    assert max(np.abs(after[i] - z).max() for i, z in zip(new_ids, reused.apply(X_new))) < 1e-12
+    assert json.loads(history(spark, output)[1]["userMetadata"])["input_version"] == 1
+
+    # 5. rollback to version 0: RESTORE, recorded; version 1 stays readable by time travel
+    assert nightly.main(["--conf", conf, "--rollback-to", "0"]) == 0
+    assert record(tmp_path)["status"] == "rolled_back"
+    assert [h["operation"] for h in history(spark, output)] == ["WRITE", "MERGE", "RESTORE"]
+    assert sorted(table(spark, output)) == list(ids)
+    assert len(table(spark, output, version=1)) == N + 20
+    runs = spark.read.format("delta").load(str(tmp_path / "runs_table")).select("status").collect()
+    assert sorted(r["status"] for r in runs) == ["gate_rejected", "noop", "published", "published", "rolled_back"]
+
+
+def test_gate_lists_every_problem(spark, tmp_path):
+    config = nightly.NightlyConfig(input="in", output="out", output_bounds={"top1_var": [None, 0.1]})
+    valid = spark.createDataFrame([(1, [1.0, 2.0]), (2, [1.0, 0.0]), (3, [0.0, 1.0])], "id long, vector array<double>")
+    candidate = spark.createDataFrame(
+        [(1, [1.0, float("nan")]), (2, [1.0, 0.0, 3.0]), (2, [1.0, 0.0]), (4, [0.0, 1.0])],
+        "id long, vector array<double>")
+    with pytest.raises(nightly.GateError) as caught:
+        nightly.gate(candidate, valid, config, 2, {"top1_var": 0.7}, None)
+    text = str(caught.value)
+    for fragment in ("4 rows, the input has 3", "duplicate ids", "1 missing, 1 unexpected",
+                     "do not have the transform's dimension 2", "NaN/Inf", "top1_var = 0.7 outside"):
+        assert fragment in text, fragment
+    assert nightly.gate(valid, valid, nightly.NightlyConfig(input="in", output="out"), 2, None, None)["output_rows"] == 3
+
+
+@pytest.mark.parametrize("flags,fragment", [
+    (["--method", "magic"], "method: 'magic' is not one of"),
+    (["--cluster-k", "many"], "cluster_k: expected int"),
+    (["--abtt-D", "8", "--dimension", "8"], "abtt_D=8 must satisfy 0 <= abtt_D < dimension=8"),
+    (["--output-bounds", "{top1_var: [0.9, 0.1]}"], "output_bounds.top1_var"),
+    (["--drift", "{entropy: 0.1}"], "drift.entropy"),
+])
+def test_static_config_errors_name_the_key(tmp_path, flags, fragment):
+    with pytest.raises(ConfigError, match=None) as caught:
+        nightly.parse_cli(["--conf", job_config(tmp_path)] + flags)
+    assert fragment in str(caught.value)
+
+
+def test_unknown_key_and_impossible_k_against_the_data(spark, tmp_path):
+    conf = tmp_path / "bad.yaml"
+    conf.write_text("input: a\noutput: b\nretries: 3\n")
+    assert nightly.main(["--conf", str(conf)]) == 2
+    ids, X, tokens = corpus(n=40)
+    write_input(spark, str(tmp_path / "input"), ids, X, tokens, invalid=False)
+    assert nightly.main(["--conf", job_config(tmp_path), "--method", "cluster_recenter", "--cluster-k", "50"]) == 2
+    rec = record(tmp_path)
+    assert rec["status"] == "config_error" and "cluster_k=50 exceeds the number of valid rows n=40" in rec["reason"]
+    assert not os.path.exists(tmp_path / "output")
