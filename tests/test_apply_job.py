@@ -1,5 +1,6 @@
 """Fit + apply jobs end to end on Delta: values, versions, atomicity under failure, idempotence, diagnosis."""
 import dataclasses
+import json
 import sys
 
 import numpy as np
@@ -12,7 +13,9 @@ from anisotropy_core.transforms import Center
 from anisotropy_spark.diagnostics import diagnose_dataframe
 from anisotropy_spark.io import InvalidRowsError
 from jobs.apply import ApplyConfig, latest_commit, run_apply
+from jobs.apply import main as apply_main
 from jobs.fit import FitConfig, run_fit
+from jobs.fit import main as fit_main
 
 N, D = 600, 16
 MARKER = 1000.0   # first coordinate of the appended rows that make the injected transform fail
@@ -51,7 +54,11 @@ def fitted(spark, root, method, **params):
     return run_fit(spark, config), config.artifact
 
 
-def test_abtt_fit_apply_idempotent_and_diagnosed(spark, corpus):
+def cli_args(**settings):
+    return [part for key, value in settings.items() for part in ("--" + key.replace("_", "-"), str(value))]
+
+
+def test_abtt_fit_apply_idempotent_and_diagnosed(spark, corpus, capsys):
     root, data = corpus
     manifest, artifact = fitted(spark, root, "abtt")
     assert manifest["params"] == {"D": 1, "d_rule": "marchenko_pastur_capped"}
@@ -77,14 +84,21 @@ def test_abtt_fit_apply_idempotent_and_diagnosed(spark, corpus):
 
     again = run_apply(spark, config)                        # same input version + transform: skipped
     assert again["status"] == "skipped" and latest_commit(spark, config.output)[0] == 0
+    assert apply_main(["--conf", "conf/apply.yaml"] + cli_args(                     # the CLI, same decision
+        input=config.input, artifact=artifact, output=config.output, on_invalid="error")) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "skipped"
     forced = run_apply(spark, dataclasses.replace(config, force=True))
     assert forced["output_version"] == 1
     assert spark.read.format("delta").load(config.output).count() == N     # overwrite: never duplicated
 
 
-def test_whitening_output_is_white_in_k_dims(spark, corpus):
+def test_whitening_output_is_white_in_k_dims(spark, corpus, capsys):
     root, _ = corpus
-    manifest, artifact = fitted(spark, root, "whitening", k=6)
+    artifact = str(root / "whitening-artifact")
+    assert fit_main(["--conf", "conf/fit.yaml"] + cli_args(
+        input=root / "corpus", artifact=artifact, method="whitening", k=6, on_invalid="error")) == 0
+    manifest = json.loads(capsys.readouterr().out)
+    assert manifest["d_out"] == 6 and manifest["params"]["k"] == 6 and manifest["params"]["clamped"] == 0
     config = ApplyConfig(input=str(root / "corpus"), artifact=artifact, output=str(root / "white-out"),
                          output_col="white")
     run_apply(spark, config)
