@@ -21,6 +21,7 @@ New transform types (e.g. cluster-wise recentring) register themselves with :fun
 """
 from __future__ import annotations
 
+import importlib
 import math
 from typing import Any, ClassVar
 
@@ -30,6 +31,7 @@ from .diagnostics import centred_spectrum, marchenko_pastur_edges
 from .moments import Moments
 
 REGISTRY: dict[str, type["FittedTransform"]] = {}
+PLUGINS = {"cluster_recenter": "anisotropy_core.clustering"}   # method → module that registers it
 
 DEFAULT_EPS = 1e-12   # whitening clamp: eigenvalues below eps·λ₁ are raised to eps·λ₁
 
@@ -57,7 +59,13 @@ def register(cls: type["FittedTransform"]) -> type["FittedTransform"]:
 
 
 def from_parts(method: str, params: dict[str, Any], arrays: dict[str, np.ndarray]) -> "FittedTransform":
-    """Rebuild a fitted transform from its ``method`` name, ``params()`` and ``arrays()``."""
+    """Rebuild a fitted transform from its ``method`` name, ``params()`` and ``arrays()``.
+
+    Methods defined in other modules (``PLUGINS``) are imported on first use, so a query-side process
+    that only imports :mod:`anisotropy_core.artifact` can still load them.
+    """
+    if method not in REGISTRY and method in PLUGINS:
+        importlib.import_module(PLUGINS[method])
     if method not in REGISTRY:
         raise ValueError(f"unknown transform method {method!r}; known: {sorted(REGISTRY)}")
     return REGISTRY[method].from_parts(params, arrays)
