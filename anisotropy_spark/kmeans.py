@@ -36,38 +36,61 @@ from .io import as_double_array, infer_dimension
 
 PAYLOAD_SCHEMA = pa.schema([("partition", pa.int64()), ("payload", pa.binary())])
 PAYLOAD_DDL = "partition long, payload binary"
+PACKED_SCHEMA = pa.schema([("packed", pa.binary())])
 TREE_DEPTH = 2
 
 Fold = Callable[[Iterator[np.ndarray], int], bytes]
 
 
-def _partition_payloads(vector_col: str, dimension: int, fold: Fold):
-    """``mapInArrow`` function: the partition's (B, d) batches → ``fold(matrices, partition id)`` → one row."""
+def pack_vectors(df: DataFrame, vector_col: str, dimension: int) -> DataFrame:
+    """``packed binary`` DataFrame: each Arrow batch of ``vector_col`` (array<double>, length ``dimension``)
+    becomes one row holding its (B, d) float64 matrix as raw bytes, in the same partitions and row order.
+
+    Iterative passes read these blobs with ``np.frombuffer`` instead of converting every array element from
+    Spark rows to Arrow again; persist the result when it is read more than once.
+    """
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            if batch.num_rows:
+                payload = batch_matrix(batch, vector_col, dimension).tobytes()
+                yield pa.RecordBatch.from_pydict({"packed": [payload]}, schema=PACKED_SCHEMA)
+
+    return df.select(vector_col).mapInArrow(run, "packed binary")
+
+
+def _unpacked(batches: Iterator[pa.RecordBatch], dimension: int) -> Iterator[np.ndarray]:
+    """The (B, d) matrices stored by :func:`pack_vectors` (read-only views of the Arrow buffers)."""
+    for batch in batches:
+        for blob in batch.column(0):
+            yield np.frombuffer(blob.as_buffer(), dtype=np.float64).reshape(-1, dimension)
+
+
+def _partition_payloads(dimension: int, fold: Fold):
+    """``mapInArrow`` function: the partition's packed matrices → ``fold(matrices, partition id)`` → one row."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         partition = TaskContext.get().partitionId()
-        matrices = (batch_matrix(b, vector_col, dimension) for b in batches if b.num_rows)
-        payload = fold(matrices, partition)
+        payload = fold(_unpacked(batches, dimension), partition)
         yield pa.RecordBatch.from_pydict({"partition": [partition], "payload": [payload]}, schema=PAYLOAD_SCHEMA)
 
     return run
 
 
-def _payloads(df: DataFrame, vector_col: str, dimension: int, fold: Fold) -> DataFrame:
-    return df.select(vector_col).mapInArrow(_partition_payloads(vector_col, dimension, fold), PAYLOAD_DDL)
+def _payloads(packed: DataFrame, dimension: int, fold: Fold) -> DataFrame:
+    return packed.mapInArrow(_partition_payloads(dimension, fold), PAYLOAD_DDL)
 
 
-def _reduce(df: DataFrame, vector_col: str, dimension: int, fold: Fold, decode: Callable[[bytes], Any],
+def _reduce(packed: DataFrame, dimension: int, fold: Fold, decode: Callable[[bytes], Any],
             merge: Callable[[Any, Any], Any]) -> Any:
     """One pass: per-partition ``fold`` → ``decode`` → ``treeReduce(merge)`` on the driver."""
-    rows = _payloads(df, vector_col, dimension, fold).rdd.map(lambda row: decode(bytes(row["payload"])))
+    rows = _payloads(packed, dimension, fold).rdd.map(lambda row: decode(bytes(row["payload"])))
     return rows.treeReduce(merge, depth=TREE_DEPTH)
 
 
-def assignment_pass(df: DataFrame, vector_col: str, dimension: int, centroids: np.ndarray,
-                    metric: str) -> ClusterState:
-    """One Lloyd pass: per-cluster sums, counts, inertia and farthest points of ``df`` against
-    ``centroids`` (k, d); vectors are ``array<double>`` of length ``dimension``."""
+def assignment_pass(packed: DataFrame, dimension: int, centroids: np.ndarray, metric: str) -> ClusterState:
+    """One Lloyd pass: per-cluster sums, counts, inertia and farthest points of the :func:`pack_vectors`
+    frame ``packed`` against ``centroids`` (k, d)."""
     centroids = np.asarray(centroids, dtype=np.float64)
 
     def fold(matrices: Iterator[np.ndarray], _partition: int) -> bytes:
@@ -76,18 +99,18 @@ def assignment_pass(df: DataFrame, vector_col: str, dimension: int, centroids: n
             state = state.merge(ClusterState.of_batch(prepare(x, metric), centroids, metric))
         return state.to_bytes()
 
-    return _reduce(df, vector_col, dimension, fold, ClusterState.from_bytes, ClusterState.merge)
+    return _reduce(packed, dimension, fold, ClusterState.from_bytes, ClusterState.merge)
 
 
-def _collect_rows(df: DataFrame, vector_col: str, dimension: int, fold: Fold, width: int) -> np.ndarray:
+def _collect_rows(packed: DataFrame, dimension: int, fold: Fold, width: int) -> np.ndarray:
     """(m, width) float64 rows produced by ``fold`` in every partition, concatenated in partition order
     (small results only: k-means|| candidates)."""
-    rows = sorted(_payloads(df, vector_col, dimension, fold).collect(), key=lambda r: r["partition"])
+    rows = sorted(_payloads(packed, dimension, fold).collect(), key=lambda r: r["partition"])
     return np.concatenate([np.frombuffer(bytes(r["payload"]), dtype=np.float64).reshape(-1, width)
                            for r in rows])
 
 
-def first_centre(df: DataFrame, vector_col: str, dimension: int, metric: str, seed: int) -> np.ndarray:
+def first_centre(packed: DataFrame, dimension: int, metric: str, seed: int) -> np.ndarray:
     """(d,) a uniformly random prepared row: the smallest per-row uniform key over all partitions."""
 
     def fold(matrices: Iterator[np.ndarray], partition: int) -> bytes:
@@ -98,14 +121,14 @@ def first_centre(df: DataFrame, vector_col: str, dimension: int, metric: str, se
             best = min(best, (key, row), key=lambda kv: kv[0])
         return np.concatenate([[best[0]], best[1]]).tobytes() if np.isfinite(best[0]) else b""
 
-    keyed = _collect_rows(df, vector_col, dimension, fold, dimension + 1)
+    keyed = _collect_rows(packed, dimension, fold, dimension + 1)
     if keyed.shape[0] == 0:
         raise ValueError("k-means needs at least one vector: the input is empty")
     return keyed[int(np.argmin(keyed[:, 0])), 1:]
 
 
-def oversample_pass(df: DataFrame, vector_col: str, dimension: int, centroids: np.ndarray, scale: float,
-                    round_: int, metric: str, seed: int) -> np.ndarray:
+def oversample_pass(packed: DataFrame, dimension: int, centroids: np.ndarray, scale: float, round_: int,
+                    metric: str, seed: int) -> np.ndarray:
     """k-means|| round: (m, d) prepared rows kept with probability min(1, scale · distance to centroids)."""
     centroids = np.asarray(centroids, dtype=np.float64)
 
@@ -114,7 +137,7 @@ def oversample_pass(df: DataFrame, vector_col: str, dimension: int, centroids: n
         kept = [oversample(prepare(x, metric), centroids, metric, scale, rng) for x in matrices]
         return np.concatenate(kept).tobytes() if kept else b""
 
-    return _collect_rows(df, vector_col, dimension, fold, dimension)
+    return _collect_rows(packed, dimension, fold, dimension)
 
 
 def fit_kmeans(df: DataFrame, vector_col: str, k: int, metric: str = "euclidean", seed: int = 0,
@@ -124,38 +147,38 @@ def fit_kmeans(df: DataFrame, vector_col: str, k: int, metric: str = "euclidean"
     """Distributed k-means (k-means|| init + Lloyd) of the valid ``array<double>`` column ``vector_col``.
 
     ``metric``: ``"euclidean"`` or ``"cosine"`` (spherical; centroids are unit vectors). ``init``: optional
-    (k, d) starting centroids (skips k-means||). The input's vector column is persisted for the duration
-    of the fit unless it is already cached. Returns a :class:`KMeansResult` (centroids (k, d), sizes,
-    inertia, iterations, convergence flag, inertia history).
+    (k, d) starting centroids (skips k-means||). The vectors are packed (:func:`pack_vectors`) and persisted
+    for the duration of the fit. Returns a :class:`KMeansResult` (centroids (k, d), sizes, inertia,
+    iterations, convergence flag, inertia history).
     """
     check_metric(metric)
     d = dimension if dimension is not None else infer_dimension(df, vector_col)
-    vectors = df.select(vector_col)
-    owned = not df.is_cached
-    if owned:
-        vectors = vectors.persist(StorageLevel.MEMORY_AND_DISK)
+    packed = pack_vectors(df, vector_col, d).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        def run_pass(centroids: np.ndarray) -> ClusterState:
-            return assignment_pass(vectors, vector_col, d, centroids, metric)
-
-        if init is None:
-            start = kmeans_parallel_init(
-                lambda: first_centre(vectors, vector_col, d, metric, seed), run_pass,
-                lambda c, scale, round_: oversample_pass(vectors, vector_col, d, c, scale, round_, metric, seed),
-                k, metric, seed, init_steps, oversampling)
-        else:
-            start = prepare(init, metric)
-        if start.shape != (k, d):
-            raise ValueError(f"initial centroids have shape {start.shape}, expected {(k, d)}")
-        return lloyd(run_pass, start, metric, max_iter, tol)
+        return fit_kmeans_packed(packed, d, k, metric, seed, max_iter, tol, init_steps, oversampling, init)
     finally:
-        if owned:
-            vectors.unpersist()
+        packed.unpersist()
 
 
-def cluster_moments_pass(df: DataFrame, vector_col: str, dimension: int, centroids: np.ndarray,
-                         metric: str) -> list[Moments]:
-    """One pass: the k :class:`Moments` states (raw vectors) of the clusters of ``centroids`` (k, d)."""
+def fit_kmeans_packed(packed: DataFrame, dimension: int, k: int, metric: str, seed: int, max_iter: int,
+                      tol: float, init_steps: int, oversampling: float, init: np.ndarray | None) -> KMeansResult:
+    """:func:`fit_kmeans` on an already packed (and preferably persisted) frame, see :func:`pack_vectors`."""
+    if init is None:
+        start = kmeans_parallel_init(
+            lambda: first_centre(packed, dimension, metric, seed),
+            lambda c: assignment_pass(packed, dimension, c, metric),
+            lambda c, scale, round_: oversample_pass(packed, dimension, c, scale, round_, metric, seed),
+            k, metric, seed, init_steps, oversampling)
+    else:
+        start = prepare(init, metric)
+    if start.shape != (k, dimension):
+        raise ValueError(f"initial centroids have shape {start.shape}, expected {(k, dimension)}")
+    return lloyd(lambda c: assignment_pass(packed, dimension, c, metric), start, metric, max_iter, tol)
+
+
+def cluster_moments_pass(packed: DataFrame, dimension: int, centroids: np.ndarray, metric: str) -> list[Moments]:
+    """One pass over a :func:`pack_vectors` frame: the k :class:`Moments` states (raw vectors) of the
+    clusters of ``centroids`` (k, d)."""
     centroids = np.asarray(centroids, dtype=np.float64)
     k = centroids.shape[0]
     size = len(Moments.empty(dimension).to_bytes())
@@ -170,7 +193,7 @@ def cluster_moments_pass(df: DataFrame, vector_col: str, dimension: int, centroi
     def decode(payload: bytes) -> list[Moments]:
         return [Moments.from_bytes(payload[c * size:(c + 1) * size]) for c in range(k)]
 
-    return _reduce(df, vector_col, dimension, fold, decode, merge_cluster_moments)
+    return _reduce(packed, dimension, fold, decode, merge_cluster_moments)
 
 
 def spark_cluster_diagnostics(df: DataFrame, vector_col: str, centroids: np.ndarray, metric: str = "euclidean",
@@ -178,7 +201,7 @@ def spark_cluster_diagnostics(df: DataFrame, vector_col: str, centroids: np.ndar
     """Per-cluster diagnosis table of ``df`` for the clusters of ``centroids`` (k, d): one pass, then
     :func:`anisotropy_core.clustering.cluster_diagnostics` (see there for the returned dict)."""
     d = dimension if dimension is not None else infer_dimension(df, vector_col)
-    return cluster_diagnostics(cluster_moments_pass(df, vector_col, d, centroids, metric))
+    return cluster_diagnostics(cluster_moments_pass(pack_vectors(df, vector_col, d), d, centroids, metric))
 
 
 class ClusterRecenterEstimator(CorrectionEstimator):
@@ -221,13 +244,13 @@ class ClusterRecenterEstimator(CorrectionEstimator):
     def _fit_transform(self, vectors: DataFrame, col: str, d: int) -> tuple[ClusterRecenter, int]:
         get = self.getOrDefault
         metric = check_metric(get(self.distanceMeasure))
-        vectors = vectors.persist(StorageLevel.MEMORY_AND_DISK)
+        packed = pack_vectors(vectors, col, d).persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            result = fit_kmeans(vectors, col, get(self.k), metric, seed=get(self.seed), max_iter=get(self.maxIter),
-                                tol=get(self.tol), init_steps=get(self.initSteps), dimension=d)
-            states = cluster_moments_pass(vectors, col, d, result.centroids, metric)
+            result = fit_kmeans_packed(packed, d, get(self.k), metric, get(self.seed), get(self.maxIter),
+                                       get(self.tol), get(self.initSteps), DEFAULT_OVERSAMPLING, None)
+            states = cluster_moments_pass(packed, d, result.centroids, metric)
         finally:
-            vectors.unpersist()
+            packed.unpersist()
         transform = ClusterRecenter.from_moments(result.centroids, states, get(self.D), metric,
                                                  kmeans_info(result))
         return transform, int(transform.sizes.sum())
