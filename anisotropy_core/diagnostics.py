@@ -14,6 +14,7 @@ import numpy as np
 from .moments import Moments
 
 RANK_TOLERANCE = 1e-10  # eigenvalues below RANK_TOLERANCE · λ₁ count as zero (rank-collapse check)
+IDENTICAL_TOLERANCE = 1e-24  # total variance below this × ‖μ‖² is rounding noise: all vectors identical
 
 
 def anisotropy_from_offset(n: int, offset: float) -> float:
@@ -42,15 +43,24 @@ def marchenko_pastur_edges(n: int, d: int, variance: float = 1.0) -> tuple[float
     return float(variance * (1 - gamma) ** 2), float(variance * (1 + gamma) ** 2)
 
 
-def power_law_slope(eigenvalues: np.ndarray) -> float:
-    """α in λ_k ∝ k^−α, least squares on log λ against log k over the nonzero spectrum (descending)."""
+POWER_LAW_HEAD = 0.1  # fraction of the nonzero spectrum the power law is fitted on (at least 10 eigenvalues)
+
+
+def power_law_fit(eigenvalues: np.ndarray) -> tuple[float, float]:
+    """(α, C) of the least-squares line log λ_k = log C − α log k over the head of the spectrum.
+
+    ``eigenvalues``: (d,) descending. The fit uses the leading ``POWER_LAW_HEAD`` share of the nonzero
+    eigenvalues (at least 10, or all of them when fewer): the tail of a real spectrum is the sampling-noise
+    floor (the Marchenko–Pastur bulk), which would otherwise dominate the slope. (nan, nan) with < 2 points.
+    """
     lam = np.asarray(eigenvalues, dtype=np.float64)
-    keep = lam > RANK_TOLERANCE * lam[0]
-    if keep.sum() < 2:
-        return float("nan")
-    k = np.arange(1, lam.shape[0] + 1)[keep]
-    slope, _ = np.polyfit(np.log(k), np.log(lam[keep]), 1)
-    return float(-slope)
+    nonzero = int((lam > RANK_TOLERANCE * lam[0]).sum())
+    head = min(nonzero, max(10, int(np.ceil(POWER_LAW_HEAD * nonzero))))
+    if head < 2:
+        return float("nan"), float("nan")
+    k = np.arange(1, head + 1)
+    slope, intercept = np.polyfit(np.log(k), np.log(lam[:head]), 1)
+    return float(-slope), float(np.exp(intercept))
 
 
 def canonical_sign(vector: np.ndarray) -> np.ndarray:
@@ -87,7 +97,7 @@ def diagnose(data: Moments | np.ndarray) -> dict:
     * ``mp_lower``, ``mp_upper`` — Marchenko–Pastur edges for this n and d, scaled to the mean
       eigenvalue (an isotropic cloud of the same total variance); ``mp_above_upper`` — how many
       eigenvalues exceed the upper edge (directions that are signal rather than sampling noise),
-    * ``power_law_alpha`` — fitted slope α of the log-log spectrum,
+    * ``power_law_alpha`` — fitted slope α of the log-log spectrum's head (see :func:`power_law_fit`),
     * ``u1`` — (d,) first principal direction, sign-canonicalised,
     * ``mean`` — (d,) raw mean μ (needed to project centred vectors onto u1).
     """
@@ -98,7 +108,7 @@ def diagnose(data: Moments | np.ndarray) -> dict:
     offset = float(np.linalg.norm(state.mean_unit()))
     lam, vecs = centred_spectrum(state)
     total = lam.sum()
-    if total <= 0:
+    if total <= IDENTICAL_TOLERANCE * float(state.mean @ state.mean):
         raise ValueError("all vectors are identical: the centred spectrum is zero and the shape is undefined")
     p = lam / total
     erank = effective_rank(lam)
@@ -121,7 +131,7 @@ def diagnose(data: Moments | np.ndarray) -> dict:
         "mp_lower": mp_lower,
         "mp_upper": mp_upper,
         "mp_above_upper": int((lam > mp_upper).sum()),
-        "power_law_alpha": power_law_slope(lam),
+        "power_law_alpha": power_law_fit(lam)[0],
         "u1": vecs[:, 0],
         "mean": state.mean.copy(),
     }

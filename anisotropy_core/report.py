@@ -20,7 +20,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from .diagnostics import RANK_TOLERANCE, project_on_u1
+from .diagnostics import RANK_TOLERANCE, power_law_fit, project_on_u1
 
 MAX_PAIRS = 20_000
 BEFORE_COLOUR, AFTER_COLOUR, NULL_COLOUR = "#c0392b", "#2471a3", "#7f8c8d"
@@ -34,15 +34,6 @@ def _new_figure(width: float, height: float) -> Figure:
 
 def _spectrum(report: Mapping) -> np.ndarray:
     return np.asarray(report["spectrum"], dtype=np.float64)
-
-
-def power_law_fit(eigenvalues: np.ndarray) -> tuple[float, float]:
-    """(α, C) of the least-squares line log λ_k = log C − α log k over the nonzero spectrum (descending)."""
-    lam = np.asarray(eigenvalues, dtype=np.float64)
-    keep = lam > RANK_TOLERANCE * lam[0]
-    k = np.arange(1, lam.shape[0] + 1)[keep]
-    slope, intercept = np.polyfit(np.log(k), np.log(lam[keep]), 1)
-    return float(-slope), float(np.exp(intercept))
 
 
 def _draw_spectrum(ax, report: Mapping, colour: str, label: str, band: bool, hollow: bool = False) -> None:

@@ -56,3 +56,17 @@ def u1_artefact_test(df: DataFrame, vector_col: str, report: dict, metadata_cols
         label_means = {r[label_col]: float(r["mean"])
                        for r in projected.groupBy(label_col).agg(F.mean(PROJECTION_COL).alias("mean")).collect()}
     return {"abs_corr": abs_corr, "label_means": label_means}
+
+
+def sample_rows(df: DataFrame, vector_col: str, dimension: int, columns: list[str], size: int,
+                seed: int = 0) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """A random sample of about ``size`` valid rows on the driver, for pictures and in-memory measures.
+
+    Returns ``(vectors (m, d) float64, {column: (m,) array})`` with m ≤ ``size``.
+    """
+    total = df.count()
+    fraction = min(1.0, 1.5 * size / max(total, 1))
+    rows = df.select(vector_col, *columns).sample(fraction=fraction, seed=seed).limit(size).toArrow()
+    vectors = batch_matrix(rows.combine_chunks().to_batches()[0], vector_col, dimension) if rows.num_rows \
+        else np.empty((0, dimension))
+    return vectors, {c: rows.column(c).to_numpy(zero_copy_only=False) for c in columns}

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     corrected = dataclasses.replace(diagnosis, input=config.corrected_table,
                                     output_dir=os.path.join(diagnosis.output_dir, "corrected"))
     after = diagnose_job.run_diagnosis(spark, corrected)
-    diagnose_job.write_outputs(spark, corrected, after)
+    diagnose_job.write_outputs(spark, corrected, after, before=before)
     print(f"\n## Before / after {manifest['method']}\n\n" + side_by_side(before["metrics"], after["metrics"]))
     return 0
 

@@ -22,14 +22,17 @@ if __package__ in (None, ""):  # spark-submit runs this file as a script: make t
 import numpy as np
 from pyspark.sql import SparkSession
 
-from anisotropy_spark.diagnostics import diagnose_dataframe, u1_artefact_test
+from anisotropy_core.isotropy_measures import isoscore_from_spectrum, partition_ratio, sampling_noise, sign_structure_null
+from anisotropy_core.report import write_report_assets
+from anisotropy_spark.diagnostics import diagnose_dataframe, sample_rows, u1_artefact_test
 from anisotropy_spark.io import as_double_array, read_table, validate
 from anisotropy_spark.session import get_spark
 from jobs.config import config_hash, parse_args
 
 SCALAR_METRICS = ["n", "d", "offset_ratio", "anisotropy_A", "isotropic_sd", "top1_var", "top10_var",
                   "effective_rank", "erank_frac", "mean_norm_ratio", "raw_top1_share", "numerical_rank",
-                  "mp_lower", "mp_upper", "mp_above_upper", "power_law_alpha"]
+                  "mp_lower", "mp_upper", "mp_above_upper", "power_law_alpha", "isoscore", "A_noise_z",
+                  "null_effective_rank", "A_sign_null", "partition_ratio"]
 
 METRIC_MEANINGS = {
     "n": "valid vectors diagnosed",
@@ -47,7 +50,12 @@ METRIC_MEANINGS = {
     "mp_lower": "Marchenko–Pastur lower edge for isotropic data of this n, d and total variance",
     "mp_upper": "Marchenko–Pastur upper edge for isotropic data of this n, d and total variance",
     "mp_above_upper": "eigenvalues above that edge: directions that are more than sampling noise",
-    "power_law_alpha": "slope α of the log-log spectrum, λ_k ∝ k^−α",
+    "power_law_alpha": "slope α of the log-log spectrum's head (top 10 %), λ_k ∝ k^−α",
+    "isoscore": "IsoScore (Rudman et al. 2022): fraction of dimensions used uniformly, 0…1",
+    "A_noise_z": "A in standard errors of A for an isotropic sample of this n and d",
+    "null_effective_rank": "effective rank that isotropic noise of this n and d would report",
+    "A_sign_null": "the zero A should be compared with: 0, q/2 (sparse non-negative) or 1/π (dense ReLU) (sample)",
+    "partition_ratio": "min Z(c)/max Z(c) over principal directions (1 = isotropic) (sample)",
 }
 
 
@@ -64,6 +72,7 @@ class DiagnoseConfig:
     label_col: str | None = None
     on_invalid: Literal["error", "quarantine"] = "error"
     quarantine_path: str | None = None
+    sample_size: int = 2000
     output_dir: str = "out/diagnose"
     metrics_table: str | None = "out/metrics"
     master: str | None = None
@@ -74,17 +83,33 @@ class DiagnoseConfig:
             problems.append("on_invalid: quarantine needs quarantine_path")
         if self.dimension is not None and self.dimension < 1:
             problems.append(f"dimension must be ≥ 1, got {self.dimension}")
+        if self.sample_size < 2:
+            problems.append(f"sample_size must be ≥ 2, got {self.sample_size}")
         return problems
 
 
 def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
-    """Read, validate, diagnose and run the artefact test; returns the full JSON-ready report."""
+    """Read, validate, diagnose and run the artefact test; returns the full JSON-ready report.
+
+    The result's private ``_sample`` entry holds (vectors (m, d), {metadata column: (m,)}), a random sample of
+    at most ``sample_size`` valid rows used for the in-memory measures and the pictures; it is not serialised.
+    """
     df, ref = read_table(spark, config.input, config.input_version)
     checked = validate(as_double_array(df, config.vector_col), config.vector_col, config.id_col,
                        config.dimension, config.on_invalid, config.quarantine_path)
-    report = diagnose_dataframe(checked.valid, config.vector_col, checked.dimension)
-    artefact = u1_artefact_test(checked.valid, config.vector_col, report, config.metadata_cols, config.label_col)
-    checked.release()
+    try:
+        report = diagnose_dataframe(checked.valid, config.vector_col, checked.dimension)
+        artefact = u1_artefact_test(checked.valid, config.vector_col, report, config.metadata_cols,
+                                    config.label_col)
+        sample = sample_rows(checked.valid, config.vector_col, checked.dimension, config.metadata_cols,
+                             config.sample_size)
+    finally:
+        checked.release()
+    noise = sampling_noise(report)
+    sign_null = sign_structure_null(sample[0])
+    report.update(isoscore=isoscore_from_spectrum(report["spectrum"]), A_noise_z=noise["A_z"],
+                  null_effective_rank=noise["null_effective_rank"], A_sign_null=sign_null["null"],
+                  partition_ratio=partition_ratio(sample[0])["I"])
     return {
         "run_id": uuid.uuid4().hex,
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
@@ -93,10 +118,14 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
         "invalid_rows": checked.invalid_count,
         "invalid_by_reason": checked.invalid_by_reason,
         "metrics": {k: _plain(report[k]) for k in SCALAR_METRICS},
+        "sampling_noise": noise,
+        "sign_structure": sign_null,
+        "sample_size": int(sample[0].shape[0]),
         "spectrum": report["spectrum"].tolist(),
         "u1": report["u1"].tolist(),
         "mean": report["mean"].tolist(),
         "artefact": artefact,
+        "_sample": sample,
     }
 
 
@@ -140,17 +169,30 @@ def append_metrics_row(spark: SparkSession, table: str, result: dict) -> None:
     spark.createDataFrame([row], schema).write.format("delta").mode("append").save(table)
 
 
-def write_outputs(spark: SparkSession, config: DiagnoseConfig, result: dict) -> str:
-    """Write report.json / report.md and the metrics row; returns the Markdown text."""
+def write_outputs(spark: SparkSession, config: DiagnoseConfig, result: dict, before: dict | None = None) -> str:
+    """Write report.json / report.md, the PNGs + report.html, and the metrics row; returns the Markdown.
+
+    ``before``: the result of diagnosing the same corpus before a transform (adds before/after panels).
+    """
     os.makedirs(config.output_dir, exist_ok=True)
     with open(os.path.join(config.output_dir, "report.json"), "w", encoding="utf-8") as handle:
-        json.dump(result, handle, indent=2, default=str)
+        json.dump({k: v for k, v in result.items() if not k.startswith("_")}, handle, indent=2, default=str)
+    vectors, metadata = result["_sample"]
+    write_report_assets(picture_report(result), config.output_dir, samples=vectors, metadata=metadata or None,
+                        before=picture_report(before) if before else None,
+                        before_samples=before["_sample"][0] if before else None,
+                        title=f"Anisotropy report: {result['input']['path']}")
     summary = markdown_summary(result)
     with open(os.path.join(config.output_dir, "report.md"), "w", encoding="utf-8") as handle:
         handle.write(summary)
     if config.metrics_table:
         append_metrics_row(spark, config.metrics_table, result)
     return summary
+
+
+def picture_report(result: dict) -> dict:
+    """The flat report shape the pictures read: scalar metrics plus spectrum, u1 and mean as arrays."""
+    return {**result["metrics"], **{k: np.asarray(result[k]) for k in ("spectrum", "u1", "mean")}}
 
 
 def main(argv: list[str] | None = None) -> int:

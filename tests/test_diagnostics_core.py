@@ -4,7 +4,7 @@ import pytest
 
 from anisotropy_core import Moments, artefact_test, diagnose
 from anisotropy_core.diagnostics import (
-    effective_rank, marchenko_pastur_edges, project_on_u1)
+    effective_rank, marchenko_pastur_edges, power_law_fit, project_on_u1)
 from anisotropy_core.moments import InvalidVectorsError
 from anisotropy_core.synthetic import power_law
 
@@ -131,10 +131,14 @@ def test_report_has_every_key_and_rank_collapse():
     assert r["spectrum"].shape == (10,) and np.all(np.diff(r["spectrum"]) <= 0)
 
 
-def test_power_law_slope_recovered():
+def test_power_law_fit_uses_the_head_of_the_spectrum():
     lam = np.arange(1, 101, dtype=float) ** -1.6
-    from anisotropy_core.diagnostics import power_law_slope
-    assert abs(power_law_slope(lam) - 1.6) < 1e-9
+    alpha, scale = power_law_fit(lam)
+    assert abs(alpha - 1.6) < 1e-9 and abs(scale - 1) < 1e-9
+    # a k^-1 head on a flat noise floor: the head's slope, not the floor's, is reported
+    floored = np.concatenate([np.arange(1, 21, dtype=float) ** -1.0, np.full(180, 0.05)])
+    assert abs(power_law_fit(floored)[0] - 1.0) < 1e-9
+    assert np.isnan(power_law_fit(np.array([1.0, 0.0]))[0])
 
 
 def test_raw_second_moment_sees_the_offset():
@@ -159,6 +163,8 @@ def test_n_equal_one_and_identical_vectors_are_clear_errors():
         diagnose(np.array([[1.0, 2.0]]))
     with pytest.raises(ValueError, match="identical"):
         diagnose(np.ones((4, 3)))
+    with pytest.raises(ValueError, match="identical"):  # a mean that rounds: tiny positive variance
+        diagnose(np.tile([0.1, 0.7, 1e3 / 3], (7, 1)))
 
 
 def test_n_smaller_than_d_is_finite():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from anisotropy_core.diagnostics import diagnose
-from anisotropy_core.report import (html_report, power_law_fit, sample_pair_cosines, scalar_rows,
+from anisotropy_core.report import (html_report, sample_pair_cosines, scalar_rows,
                                     u1_metadata_figure, write_report_assets)
 from anisotropy_core.synthetic import cone
 
@@ -21,12 +21,6 @@ def corpus():
     x = cone(1500, 32, offset=3.0, alpha=1.0, seed=4) + np.outer(tokens / 10.0, np.eye(32)[0])
     return x, {"token_count": tokens, "char_length": tokens * 4.5 + rng.normal(size=1500),
                "source": np.array(["wiki", "news", "code"])[rng.integers(0, 3, size=1500)]}
-
-
-def test_power_law_fit_recovers_exponent():
-    k = np.arange(1, 201, dtype=np.float64)
-    alpha, scale = power_law_fit(3.0 * k ** -1.7)
-    assert alpha == pytest.approx(1.7, abs=1e-10) and scale == pytest.approx(3.0, rel=1e-10)
 
 
 def test_pair_cosines_all_pairs_and_sampled():
