@@ -22,7 +22,7 @@ from anisotropy_core.transforms import fit
 from anisotropy_spark.estimators import CorrectionModel
 from anisotropy_spark.io import as_double_array
 from anisotropy_spark.session import get_spark
-from bench.common import timed, write_parquet_corpus
+from bench.common import best_of, write_parquet_corpus
 from jobs.apply import ApplyConfig, run_apply
 
 
@@ -56,14 +56,7 @@ def main() -> None:
             run_apply(spark, ApplyConfig(input=source, artifact=str(root / "artifact"), output=str(root / "job"),
                                          force=True))
 
-        best = {}
-        for name, run in [("floor", floor), ("transform", transform_only), ("job", job)]:
-            run()  # warm-up: Python workers, file cache
-            times = {}
-            for i in range(args.repeats):
-                with timed(times, i):
-                    run()
-            best[name] = min(times.values())
+        best, _ = best_of({"floor": floor, "transform": transform_only, "job": job}, args.repeats)
     print(f"table: {args.rows} x {args.dim} double, method {args.method}, Spark local[2]; best of {args.repeats}")
     for name, seconds in best.items():
         print(f"{name:9s} {seconds:8.2f} s  {args.rows / seconds:12,.0f} rows/s  "

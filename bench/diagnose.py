@@ -21,7 +21,7 @@ from anisotropy_core import diagnose
 from anisotropy_spark.diagnostics import diagnose_dataframe
 from anisotropy_spark.io import as_double_array
 from anisotropy_spark.session import get_spark
-from bench.common import timed, write_parquet_corpus
+from bench.common import best_of, write_parquet_corpus
 
 
 def main() -> None:
@@ -47,14 +47,7 @@ def main() -> None:
         def numpy_in_memory():
             return diagnose(X)["top1_var"]
 
-        best, answers = {}, {}
-        for name, run in [("ours", ours), ("mllib", mllib), ("numpy", numpy_in_memory)]:
-            answers[name] = run()  # warm-up (JIT, file cache, Python workers)
-            times = {}
-            for i in range(args.repeats):
-                with timed(times, i):
-                    run()
-            best[name] = min(times.values())
+        best, answers = best_of({"ours": ours, "mllib": mllib, "numpy": numpy_in_memory}, args.repeats)
     print(f"corpus: {args.rows} x {args.dim} float32, Spark local[2]; best of {args.repeats}")
     print(f"top-1 variance share  ours {answers['ours']:.6f}  mllib {answers['mllib']:.6f}  numpy {answers['numpy']:.6f}")
     for name, seconds in best.items():
