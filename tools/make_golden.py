@@ -1,10 +1,7 @@
 """Reference IsoScores from the `isoscore` package (module ``IsoScore``, needs torch) → a test fixture.
 
-Run once, in a separate virtual environment that has torch (torch stays out of the project's venv):
-
-    python3 -m venv /tmp/golden-venv
-    /tmp/golden-venv/bin/pip install torch==2.15.0 isoscore==2.0.1 numpy
-    /tmp/golden-venv/bin/python tools/make_golden.py tests/fixtures/isoscore_golden.json
+Run once with ``make golden``: it installs requirements-extras.txt (torch, isoscore) into .venv-extras/,
+kept out of the project's venv, then runs ``tools/make_golden.py tests/fixtures/isoscore_golden.json``.
 
 Every cloud is regenerated from its generator name, keyword arguments and seed by
 ``anisotropy_core.synthetic`` (pure numpy), so the test recomputes the same cloud without torch and compares
