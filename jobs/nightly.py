@@ -73,10 +73,15 @@ from anisotropy_spark.kmeans import ClusterRecenterEstimator, ClusterRecenterMod
 from anisotropy_spark.session import get_spark
 from jobs.apply import VERSION_COLUMN
 from jobs.config import ConfigError, config_hash, parse_args
-from jobs.diagnose import SCALAR_METRICS, _plain
+from jobs.diagnose import _plain
 from jobs.fit import FitConfig, estimator_for
 
 log = logging.getLogger("anisotropy.nightly")
+
+# the scalar numbers of anisotropy_core.diagnose (what drift thresholds and output bounds may name)
+CORE_METRICS = ("n", "d", "offset_ratio", "anisotropy_A", "isotropic_sd", "top1_var", "top10_var",
+                "effective_rank", "erank_frac", "mean_norm_ratio", "raw_top1_share", "numerical_rank",
+                "mp_lower", "mp_upper", "mp_above_upper", "power_law_alpha")
 
 METHODS = ("auto", "none", "center", "abtt", "whitening", "cluster_recenter")
 CLUSTER_COLUMN = "cluster_id"
@@ -158,11 +163,11 @@ class NightlyConfig:
         if self.out_col in (VERSION_COLUMN, CLUSTER_COLUMN, self.id_col):
             problems.append(f"output_vector_col may not be {self.out_col!r}")
         for key, value in self.drift.items():
-            if key not in SCALAR_METRICS or not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                problems.append(f"drift.{key}: expected a metric of {SCALAR_METRICS} with a number >= 0, got {value!r}")
+            if key not in CORE_METRICS or not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                problems.append(f"drift.{key}: expected a metric of {CORE_METRICS} with a number >= 0, got {value!r}")
         for key, bounds in self.output_bounds.items():
-            if key not in SCALAR_METRICS:
-                problems.append(f"output_bounds.{key}: unknown metric; known: {SCALAR_METRICS}")
+            if key not in CORE_METRICS:
+                problems.append(f"output_bounds.{key}: unknown metric; known: {CORE_METRICS}")
             elif not _valid_bounds(bounds):
                 problems.append(f"output_bounds.{key}: expected [low, high] (numbers or null, low <= high), got {bounds!r}")
         return problems
@@ -354,7 +359,8 @@ def nightly_config_hash(config: NightlyConfig) -> str:
 
 
 def metrics_of(report: dict) -> dict:
-    return {k: _plain(report[k]) for k in SCALAR_METRICS}
+    """The CORE_METRICS of a diagnose() report as plain Python numbers."""
+    return {k: _plain(report[k]) for k in CORE_METRICS}
 
 
 # ---------------------------------------------------------------------------------------------- fit / reuse
