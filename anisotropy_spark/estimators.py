@@ -10,14 +10,21 @@
   pyspark.ml ``metadata/`` folder, so the model also loads as a ``PipelineModel`` stage; ``load(path)``
   accepts either (a bare artifact written by plain numpy loads with default column params).
 
-A new correction (e.g. cluster-wise recentring) plugs in by subclassing :class:`CorrectionEstimator`
-and implementing ``_fit_transform(vectors_df, vector_col, d) -> (FittedTransform, n)``.
+A new correction plugs in by subclassing :class:`CorrectionEstimator` and implementing
+``_fit_transform(vectors_df, vector_col, d) -> (FittedTransform, n)``. When its model writes more than
+``outputCol`` (cluster recentering also writes the cluster id), it sets ``model_class`` to a
+:class:`CorrectionModel` subclass that overrides :meth:`CorrectionModel.extra_output_fields` and
+:meth:`CorrectionModel.batch_outputs`, and registers that class for its transform method with
+:func:`register_model_class`, so :meth:`CorrectionModel.from_artifact` and :meth:`CorrectionModel.load`
+return it for such artifacts.
 """
 from __future__ import annotations
 
+import importlib
 import os
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
+import numpy as np
 import pyarrow as pa
 from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
@@ -47,14 +54,20 @@ class _CorrectionParams(HasInputCol, HasOutputCol):
 
 
 class CorrectionEstimator(Estimator, _CorrectionParams, DefaultParamsReadable, DefaultParamsWritable):
-    """Base Estimator: reads ``inputCol``, infers d, delegates the math to ``_fit_transform``."""
+    """Base Estimator: reads ``inputCol``, infers d, delegates the math to ``_fit_transform``.
+
+    ``model_class``: the :class:`CorrectionModel` (sub)class ``fit`` returns; every param the model shares
+    with the estimator by name (inputCol, outputCol, a subclass's extra output columns) is copied over.
+    """
+
+    model_class: type["CorrectionModel"]   # set below, once CorrectionModel exists
 
     def _fit(self, dataset: DataFrame) -> "CorrectionModel":
         col = self.getInputCol()
         vectors = as_double_array(dataset.select(col), col)
         d = infer_dimension(vectors, col)
         transform, n = self._fit_transform(vectors, col, d)
-        model = CorrectionModel(transform, n=n)
+        model = self.model_class(transform, n=n)
         return self._copyValues(model)
 
     def _fit_transform(self, vectors: DataFrame, col: str, d: int) -> tuple[FittedTransform, int]:
@@ -138,7 +151,15 @@ class CorrectionModel(Model, _CorrectionParams, MLReadable, MLWritable):
 
     @classmethod
     def from_artifact(cls, artifact: Artifact, inputCol: str = "vector", outputCol: str = "corrected"):
-        model = cls(artifact.transform, artifact.manifest["n"], artifact.manifest["fitted_on"])
+        """The model of ``artifact``, of the class registered for its method (:func:`model_class_for`):
+        ``CorrectionModel.from_artifact`` of a ``cluster_recenter`` artifact is a ``ClusterRecenterModel``
+        (it also writes the cluster-id column). Called on a subclass, the artifact's class must be that
+        subclass or below it, else :class:`ArtifactError`."""
+        model_cls = model_class_for(artifact.transform.method)
+        if not issubclass(model_cls, cls):
+            raise ArtifactError(f"a {artifact.transform.method} artifact loads as {model_cls.__name__}, "
+                                f"not as {cls.__name__}")
+        model = model_cls(artifact.transform, artifact.manifest["n"], artifact.manifest["fitted_on"])
         return model._set(inputCol=inputCol, outputCol=outputCol)
 
     def setFittedOn(self, table: TableRef) -> "CorrectionModel":
@@ -156,6 +177,16 @@ class CorrectionModel(Model, _CorrectionParams, MLReadable, MLWritable):
         """``<method>-<hash12>``, identical to the saved artifact's."""
         return build_manifest(self.transform_, self.n, self.fitted_on)["transform_version"]
 
+    def extra_output_fields(self) -> list[StructField]:
+        """Columns written after ``outputCol`` (none here; ``ClusterRecenterModel``: the cluster id)."""
+        return []
+
+    def batch_outputs(self) -> "BatchOutputs | None":
+        """Function (B, d_in) float64 → ((B, d_out) corrected, one length-B Arrow array per
+        :meth:`extra_output_fields` entry), run inside the Python workers; None = ``transform_.apply`` with no
+        extra columns. It must capture plain data only (e.g. ``transform_``), never the model itself."""
+        return None
+
     def _transform(self, dataset: DataFrame) -> DataFrame:
         col, out = self.getInputCol(), self.getOutputCol()
         df = as_double_array(dataset, col)
@@ -163,9 +194,12 @@ class CorrectionModel(Model, _CorrectionParams, MLReadable, MLWritable):
         if first is not None and first["d"] != self.transform_.d_in:
             raise ArtifactError(f"column {col!r} holds vectors of dimension {first['d']} but the "
                                 f"{self.transform_.method} transform was fitted on dimension {self.transform_.d_in}")
-        fields = [f for f in df.schema.fields if f.name != out]
-        schema = StructType(fields + [StructField(out, ArrayType(DoubleType()), True)])
-        return df.mapInArrow(apply_batches(self.transform_, col, out), schema)
+        extra = self.extra_output_fields()
+        written = {out, *(f.name for f in extra)}
+        fields = [f for f in df.schema.fields if f.name not in written]
+        schema = StructType(fields + [StructField(out, ArrayType(DoubleType()), True)] + extra)
+        return df.mapInArrow(apply_batches(self.transform_, col, out, [f.name for f in extra],
+                                           self.batch_outputs()), schema)
 
     def write(self) -> MLWriter:
         return _CorrectionWriter(self)
@@ -175,32 +209,73 @@ class CorrectionModel(Model, _CorrectionParams, MLReadable, MLWritable):
         return _CorrectionReader(cls)
 
 
-def apply_batches(transform: FittedTransform, vector_col: str, output_col: str):
-    """``mapInArrow`` function: each batch's (B, d_in) vectors → (B, d_out) ``output_col``.
+BatchOutputs = Callable[[np.ndarray], "tuple[np.ndarray, list[pa.Array]]"]
 
-    Errors name the batch row and, when the batch has other columns, that row's values (e.g. its id).
+
+def apply_batches(transform: FittedTransform, vector_col: str, output_col: str, extra_cols: Sequence[str] = (),
+                  outputs: BatchOutputs | None = None):
+    """``mapInArrow`` function: each batch's (B, d_in) vectors → (B, d_out) ``output_col``, then the
+    ``extra_cols`` (each a length-B Arrow array), replacing input columns of the same names.
+
+    ``outputs``: (B, d_in) → ((B, d_out), [one array per extra column]); default ``transform.apply`` and no
+    extra columns. Errors name the batch row and, when the batch has other columns, that row's values (e.g.
+    its id).
     """
     d = transform.d_in
+    extra_cols = list(extra_cols)
+    compute = outputs if outputs is not None else (lambda x: (transform.apply(x), []))
+    written = [output_col] + extra_cols
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             try:
-                result = transform.apply(batch_matrix(batch, vector_col, d))
+                result, extra = compute(batch_matrix(batch, vector_col, d))
             except ValueError as exc:
                 row = getattr(exc, "row", None)
-                raise ValueError(f"{exc} [{_row_context(batch, row, vector_col)}]") from exc
-            names = [n for n in batch.schema.names if n != output_col]
+                raise ValueError(f"{exc} [{row_context(batch, row, vector_col)}]") from exc
+            if len(extra) != len(extra_cols):
+                raise ValueError(f"batch function returned {len(extra)} extra columns, expected {extra_cols}")
+            names = [n for n in batch.schema.names if n not in written]
             columns = [batch.column(batch.schema.get_field_index(n)) for n in names]
-            yield pa.RecordBatch.from_arrays(columns + [matrix_column(result)], names + [output_col])
+            yield pa.RecordBatch.from_arrays(columns + [matrix_column(result)] + list(extra), names + written)
 
     return run
 
 
-def _row_context(batch: pa.RecordBatch, row: int | None, vector_col: str) -> str:
+def row_context(batch: pa.RecordBatch, row: int | None, vector_col: str) -> str:
+    """Error context for batch row ``row``: the vector column's name and the row's other values (e.g. its
+    id); the column name alone when the row is unknown (``None``)."""
     if row is None:
         return f"column {vector_col!r}"
     other = {n: batch.column(i)[row].as_py() for i, n in enumerate(batch.schema.names) if n != vector_col}
     return f"column {vector_col!r}, row {other}"
+
+
+CorrectionEstimator.model_class = CorrectionModel
+
+_MODEL_CLASSES: dict[str, type[CorrectionModel]] = {}
+# methods whose model class lives in another module of this package: imported on first use, so
+# ``CorrectionModel.from_artifact`` works without the caller importing that module
+_MODEL_MODULES = {"cluster_recenter": "anisotropy_spark.kmeans"}
+
+
+def register_model_class(method: str) -> Callable[[type[CorrectionModel]], type[CorrectionModel]]:
+    """Class decorator: artifacts of transform ``method`` load as this :class:`CorrectionModel` subclass."""
+
+    def decorate(model_cls: type[CorrectionModel]) -> type[CorrectionModel]:
+        if not issubclass(model_cls, CorrectionModel):
+            raise TypeError(f"{model_cls.__name__} is not a CorrectionModel")
+        _MODEL_CLASSES[method] = model_cls
+        return model_cls
+
+    return decorate
+
+
+def model_class_for(method: str) -> type[CorrectionModel]:
+    """The model class registered for transform ``method``; :class:`CorrectionModel` for any other method."""
+    if method not in _MODEL_CLASSES and method in _MODEL_MODULES:
+        importlib.import_module(_MODEL_MODULES[method])
+    return _MODEL_CLASSES.get(method, CorrectionModel)
 
 
 class _CorrectionWriter(MLWriter):

@@ -19,10 +19,8 @@ import pyarrow as pa
 from pyspark import StorageLevel, TaskContext, keyword_only
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, DoubleType, IntegerType, StructField, StructType
+from pyspark.sql.types import IntegerType, StructField
 
-from anisotropy_core.artifact import ArtifactError
 from anisotropy_core.clustering import (DEFAULT_INIT_STEPS, DEFAULT_MAX_ITER, DEFAULT_OVERSAMPLING, DEFAULT_TOL,
                                         ClusterRecenter, ClusterState, KMeansResult, assign, check_metric,
                                         cluster_diagnostics, cluster_moments, first_centre_candidate,
@@ -30,9 +28,9 @@ from anisotropy_core.clustering import (DEFAULT_INIT_STEPS, DEFAULT_MAX_ITER, DE
                                         oversample, partition_rng, prepare)
 from anisotropy_core.moments import Moments
 
-from .arrow import batch_matrix, matrix_column
-from .estimators import CorrectionEstimator, CorrectionModel, _row_context
-from .io import as_double_array, infer_dimension
+from .arrow import batch_matrix
+from .estimators import BatchOutputs, CorrectionEstimator, CorrectionModel, register_model_class
+from .io import infer_dimension
 
 PAYLOAD_SCHEMA = pa.schema([("partition", pa.int64()), ("payload", pa.binary())])
 PAYLOAD_DDL = "partition long, payload binary"
@@ -204,6 +202,44 @@ def spark_cluster_diagnostics(df: DataFrame, vector_col: str, centroids: np.ndar
     return cluster_diagnostics(cluster_moments_pass(pack_vectors(df, vector_col, d), d, centroids, metric))
 
 
+@register_model_class(ClusterRecenter.method)
+class ClusterRecenterModel(CorrectionModel):
+    """Fitted cluster recentering: ``transform(df)`` writes ``outputCol`` (array<double>, corrected vector)
+    and ``clusterCol`` (int, the cluster the vector landed in), keeping every other column. Saves and loads
+    as the shared artifact (method ``cluster_recenter``) plus pyspark.ml metadata; registered for that method,
+    so ``CorrectionModel.from_artifact`` / ``CorrectionModel.load`` of such an artifact return this class."""
+
+    clusterCol = Param(Params._dummy(), "clusterCol", "output column of cluster ids",
+                       typeConverter=TypeConverters.toString)
+
+    def __init__(self, transform: ClusterRecenter | None = None, n: int = 0, fitted_on: dict | None = None):
+        super().__init__(transform, n, fitted_on)
+        self._setDefault(clusterCol="cluster_id")
+
+    def setClusterCol(self, value: str) -> "ClusterRecenterModel":
+        return self._set(clusterCol=value)
+
+    def getClusterCol(self) -> str:
+        return self.getOrDefault(self.clusterCol)
+
+    def extra_output_fields(self) -> list[StructField]:
+        return [StructField(self.getClusterCol(), IntegerType(), True)]
+
+    def batch_outputs(self) -> BatchOutputs:
+        return cluster_outputs(self.transform_)
+
+
+def cluster_outputs(transform: ClusterRecenter) -> BatchOutputs:
+    """Batch function of :meth:`ClusterRecenterModel.batch_outputs`: (B, d) raw vectors →
+    ((B, d) corrected, [(B,) int32 cluster ids])."""
+
+    def run(x: np.ndarray) -> tuple[np.ndarray, list[pa.Array]]:
+        corrected, ids = transform.apply_with_clusters(x)
+        return corrected, [pa.array(ids.astype(np.int32))]
+
+    return run
+
+
 class ClusterRecenterEstimator(CorrectionEstimator):
     """Cluster-wise recentering (seed chapter 7): k-means with modest ``k``, then one mean — and optionally
     the top ``D`` within-cluster directions — per cluster. ``fit`` returns a :class:`ClusterRecenterModel`.
@@ -226,6 +262,7 @@ class ClusterRecenterEstimator(CorrectionEstimator):
     initSteps = Param(Params._dummy(), "initSteps", "k-means|| rounds", typeConverter=TypeConverters.toInt)
     clusterCol = Param(Params._dummy(), "clusterCol", "output column of cluster ids",
                        typeConverter=TypeConverters.toString)
+    model_class = ClusterRecenterModel
 
     @keyword_only
     def __init__(self, *, inputCol: str | None = None, outputCol: str | None = None, k: int = 8, D: int = 0,
@@ -235,11 +272,6 @@ class ClusterRecenterEstimator(CorrectionEstimator):
         self._setDefault(k=8, D=0, distanceMeasure="euclidean", seed=0, maxIter=DEFAULT_MAX_ITER, tol=DEFAULT_TOL,
                          initSteps=DEFAULT_INIT_STEPS, clusterCol="cluster_id")
         self._set(**self._input_kwargs)
-
-    def _fit(self, dataset: DataFrame) -> "ClusterRecenterModel":
-        fitted = super()._fit(dataset)
-        model = ClusterRecenterModel(fitted.transform_, n=fitted.n, fitted_on=fitted.fitted_on)
-        return self._copyValues(model._set(clusterCol=self.getOrDefault(self.clusterCol)))
 
     def _fit_transform(self, vectors: DataFrame, col: str, d: int) -> tuple[ClusterRecenter, int]:
         get = self.getOrDefault
@@ -254,55 +286,3 @@ class ClusterRecenterEstimator(CorrectionEstimator):
         transform = ClusterRecenter.from_moments(result.centroids, states, get(self.D), metric,
                                                  kmeans_info(result))
         return transform, int(transform.sizes.sum())
-
-
-class ClusterRecenterModel(CorrectionModel):
-    """Fitted cluster recentering: ``transform(df)`` writes ``outputCol`` (array<double>, corrected vector)
-    and ``clusterCol`` (int, the cluster the vector landed in), keeping every other column. Saves and loads
-    as the shared artifact (method ``cluster_recenter``) plus pyspark.ml metadata."""
-
-    clusterCol = Param(Params._dummy(), "clusterCol", "output column of cluster ids",
-                       typeConverter=TypeConverters.toString)
-
-    def __init__(self, transform: ClusterRecenter | None = None, n: int = 0, fitted_on: dict | None = None):
-        super().__init__(transform, n, fitted_on)
-        self._setDefault(clusterCol="cluster_id")
-
-    def setClusterCol(self, value: str) -> "ClusterRecenterModel":
-        return self._set(clusterCol=value)
-
-    def _transform(self, dataset: DataFrame) -> DataFrame:
-        col, out, cluster = self.getInputCol(), self.getOutputCol(), self.getOrDefault(self.clusterCol)
-        df = _checked_input(dataset, col, self.transform_)
-        fields = [f for f in df.schema.fields if f.name not in (out, cluster)]
-        schema = StructType(fields + [StructField(out, ArrayType(DoubleType()), True),
-                                      StructField(cluster, IntegerType(), True)])
-        return df.mapInArrow(apply_cluster_batches(self.transform_, col, out, cluster), schema)
-
-
-def _checked_input(dataset: DataFrame, col: str, transform: ClusterRecenter) -> DataFrame:
-    """``dataset`` with ``col`` as array<double>; raises ArtifactError if its vectors have another dimension."""
-    df = as_double_array(dataset, col)
-    first = df.where(F.col(col).isNotNull()).select(F.size(col).alias("d")).first()
-    if first is not None and first["d"] != transform.d_in:
-        raise ArtifactError(f"column {col!r} holds vectors of dimension {first['d']} but the "
-                            f"{transform.method} transform was fitted on dimension {transform.d_in}")
-    return df
-
-
-def apply_cluster_batches(transform: ClusterRecenter, vector_col: str, output_col: str, cluster_col: str):
-    """``mapInArrow`` function: each batch's (B, d) vectors → corrected ``output_col`` + int ``cluster_col``."""
-    d = transform.d_in
-
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            try:
-                corrected, ids = transform.apply_with_clusters(batch_matrix(batch, vector_col, d))
-            except ValueError as exc:
-                raise ValueError(f"{exc} [{_row_context(batch, getattr(exc, 'row', None), vector_col)}]") from exc
-            names = [n for n in batch.schema.names if n not in (output_col, cluster_col)]
-            columns = [batch.column(batch.schema.get_field_index(n)) for n in names]
-            yield pa.RecordBatch.from_arrays(columns + [matrix_column(corrected), pa.array(ids.astype(np.int32))],
-                                             names + [output_col, cluster_col])
-
-    return run

@@ -4,9 +4,12 @@ import pytest
 from pyspark.ml.clustering import KMeans
 from pyspark.ml.functions import array_to_vector
 
-from anisotropy_core.artifact import load_artifact
+from anisotropy_core.artifact import Artifact, ArtifactError, build_manifest, load_artifact
 from anisotropy_core.clustering import cluster_diagnostics, cluster_moments, kmeans
+from anisotropy_core.moments import Moments
 from anisotropy_core.synthetic import mixture
+from anisotropy_core.transforms import fit_center
+from anisotropy_spark.estimators import CorrectionModel, model_class_for
 from anisotropy_spark.kmeans import (ClusterRecenterEstimator, ClusterRecenterModel, fit_kmeans,
                                      spark_cluster_diagnostics)
 
@@ -87,6 +90,26 @@ def test_cluster_recenter_fit_transform_save_load(spark, tmp_path):
     assert np.array_equal(np.array([r["cluster"] for r in again]), ids)
     served = load_artifact(path, expected_dimension=6).transform      # plain numpy, no Spark
     assert np.allclose(served.apply(X), expected, rtol=0, atol=1e-12)
+
+    # the generic entry points (jobs/apply.py, jobs/nightly.py) pick the registered model class
+    generic = CorrectionModel.load(path)
+    assert type(generic) is ClusterRecenterModel and generic.getClusterCol() == "cluster"
+    from_artifact = CorrectionModel.from_artifact(load_artifact(path), "vector", "fixed")
+    assert type(from_artifact) is ClusterRecenterModel
+    rows = from_artifact.transform(df).orderBy("id").collect()
+    assert rows[0].asDict().keys() == {"id", "vector", "label", "fixed", "cluster_id"}
+    assert np.array_equal(np.array([r["cluster_id"] for r in rows]), ids)
+    assert np.array_equal(np.array([r["fixed"] for r in rows]), corrected)
+
+
+def test_model_registry():
+    transform = fit_center(Moments.of_batch(np.eye(3)))
+    center = Artifact(transform, build_manifest(transform, 3))
+    assert model_class_for("cluster_recenter") is ClusterRecenterModel
+    assert model_class_for("center") is CorrectionModel
+    assert type(CorrectionModel.from_artifact(center)) is CorrectionModel
+    with pytest.raises(ArtifactError, match="center artifact loads as CorrectionModel, not as ClusterRecenterModel"):
+        ClusterRecenterModel.from_artifact(center)
 
 
 def test_spark_cluster_diagnostics_equals_numpy(spark):
