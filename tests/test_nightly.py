@@ -12,7 +12,7 @@ from delta.tables import DeltaTable
 
 from anisotropy_core.artifact import load_artifact
 from anisotropy_core.moments import Moments
-from anisotropy_core.synthetic import pencil
+from anisotropy_core.synthetic import mixture, pencil
 from anisotropy_core.transforms import fit_abtt
 from jobs import nightly
 from jobs.config import ConfigError
@@ -173,3 +173,24 @@ def test_unknown_key_and_impossible_k_against_the_data(spark, tmp_path):
     rec = record(tmp_path)
     assert rec["status"] == "config_error" and "cluster_k=50 exceeds the number of valid rows n=40" in rec["reason"]
     assert not os.path.exists(tmp_path / "output")
+
+
+def test_mixture_is_recentred_per_cluster(spark, tmp_path):
+    """Two populations 8 apart: with the mixture check the decision is cluster_recenter (k = 2), applied."""
+    X, labels = mixture(N, D, (0.5, 0.5), separation=8.0, seed=5)
+    ids = np.arange(N)
+    write_input(spark, str(tmp_path / "input"), ids, X, np.full(N, 10.0) + labels, invalid=False)
+    conf = job_config(tmp_path, mixture_check=True, cluster_k=2)
+    assert nightly.main(["--conf", conf]) == 0
+    rec = record(tmp_path)
+    assert rec["recommendation"]["method"] == "cluster_recenter" and rec["recommendation"]["k"] == 2
+    assert rec["clusters"]["locally_isotropic"] is True
+    assert rec["applied"]["method"] == "cluster_recenter" and rec["applied"]["params"]["k"] == 2
+    fitted = load_artifact(rec["applied"]["artifact"]).transform
+    rows = spark.read.format("delta").load(str(tmp_path / "output")).select("id", "vector", "cluster_id").collect()
+    assert len(rows) == N and {r["cluster_id"] for r in rows} == {0, 1}
+    worst = max(np.abs(np.array(r["vector"]) - (X[r["id"]] - fitted.means[r["cluster_id"]])).max() for r in rows)
+    assert worst < 1e-12
+    # each cluster is one population: the labels are preserved by the assignment
+    by_cluster = {c: {labels[r["id"]] for r in rows if r["cluster_id"] == c} for c in (0, 1)}
+    assert sorted(len(v) for v in by_cluster.values()) == [1, 1]
