@@ -40,7 +40,7 @@ class DemoConfig:
     diagnose_conf: str = "conf/diagnose.yaml"
     fit_conf: str = "conf/fit.yaml"
     apply_conf: str = "conf/apply.yaml"
-    method: Literal["center", "abtt", "whitening"] = "abtt"
+    method: Literal["center", "abtt", "whitening", "cluster_recenter"] = "abtt"
     master: str | None = None
 
 

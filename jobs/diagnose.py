@@ -20,12 +20,13 @@ if __package__ in (None, ""):  # spark-submit runs this file as a script: make t
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from anisotropy_core.isotropy_measures import isoscore_from_spectrum, partition_ratio, sampling_noise, sign_structure_null
 from anisotropy_core.report import write_report_assets
 from anisotropy_spark.diagnostics import diagnose_dataframe, sample_rows, u1_artefact_test
 from anisotropy_spark.io import as_double_array, read_table, validate
+from anisotropy_spark.kmeans import fit_kmeans, spark_cluster_diagnostics
 from anisotropy_spark.session import get_spark
 from jobs.config import config_hash, parse_args
 
@@ -73,6 +74,10 @@ class DiagnoseConfig:
     on_invalid: Literal["error", "quarantine"] = "error"
     quarantine_path: str | None = None
     sample_size: int = 2000
+    clusters: int | None = None
+    cluster_metric: Literal["euclidean", "cosine"] = "euclidean"
+    cluster_fit_rows: int = 100_000
+    seed: int = 0
     output_dir: str = "out/diagnose"
     metrics_table: str | None = "out/metrics"
     master: str | None = None
@@ -85,6 +90,10 @@ class DiagnoseConfig:
             problems.append(f"dimension must be ≥ 1, got {self.dimension}")
         if self.sample_size < 2:
             problems.append(f"sample_size must be ≥ 2, got {self.sample_size}")
+        if self.clusters is not None and self.clusters < 1:
+            problems.append(f"clusters must be ≥ 1, got {self.clusters}")
+        if self.cluster_fit_rows < 1:
+            problems.append(f"cluster_fit_rows must be ≥ 1, got {self.cluster_fit_rows}")
         return problems
 
 
@@ -103,6 +112,8 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
                                     config.label_col)
         sample = sample_rows(checked.valid, config.vector_col, checked.dimension, config.metadata_cols,
                              config.sample_size)
+        per_cluster = per_cluster_table(checked.valid, config, checked.dimension, report["n"]) \
+            if config.clusters else None
     finally:
         checked.release()
     noise = sampling_noise(report)
@@ -125,8 +136,21 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
         "u1": report["u1"].tolist(),
         "mean": report["mean"].tolist(),
         "artefact": artefact,
+        "per_cluster": per_cluster,
         "_sample": sample,
     }
+
+
+def per_cluster_table(valid: DataFrame, config: DiagnoseConfig, dimension: int, n: int) -> dict:
+    """k-means (fitted on at most ``cluster_fit_rows`` sampled rows, the seed's recipe) → per-cluster
+    diagnosis of all valid rows; see :func:`anisotropy_core.clustering.cluster_diagnostics`."""
+    if config.clusters > n:
+        raise ValueError(f"clusters = {config.clusters} exceeds the {n} valid vectors")
+    fit_on = valid if n <= config.cluster_fit_rows else valid.sample(
+        fraction=min(1.0, 1.2 * config.cluster_fit_rows / n), seed=config.seed).limit(config.cluster_fit_rows)
+    km = fit_kmeans(fit_on, config.vector_col, config.clusters, config.cluster_metric, seed=config.seed,
+                    dimension=dimension)
+    return spark_cluster_diagnostics(valid, config.vector_col, km.centroids, config.cluster_metric, dimension)
 
 
 def _plain(value):
@@ -154,7 +178,23 @@ def markdown_summary(result: dict) -> str:
         lines += [f"- {name}: {'undefined (constant column)' if c is None else f'{c:.4f}'}"
                   for name, c in artefact["abs_corr"].items()]
         lines += [f"- mean projection for label {label!r}: {v:+.4f}" for label, v in artefact["label_means"].items()]
+    if result["per_cluster"]:
+        lines += ["", cluster_markdown(result["per_cluster"])]
     return "\n".join(lines) + "\n"
+
+
+def cluster_markdown(table: dict) -> str:
+    """The per-cluster diagnosis as a Markdown table, with the "globally anisotropic, locally isotropic" verdict."""
+    def cell(value):
+        return "–" if value is None else (f"{value:.4g}" if isinstance(value, float) else str(value))
+    keys = ["size", "share", "anisotropy_A", "offset_ratio", "top1_var", "effective_rank", "induced_A_global_centring"]
+    lines = ["## Per cluster", "", "| cluster | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    rows = [("all", table["global"])] + [(str(r["cluster"]), r) for r in table["clusters"]]
+    lines += [f"| {name} | " + " | ".join(cell(row.get(k)) for k in keys) + " |" for name, row in rows]
+    verdict = ("globally anisotropic, locally isotropic: every cluster has a lower top-1 share and a higher "
+               "effective rank than the whole corpus" if table["locally_isotropic"]
+               else "not locally isotropic: some cluster is as concentrated as the whole corpus")
+    return "\n".join(lines + ["", verdict])
 
 
 def append_metrics_row(spark: SparkSession, table: str, result: dict) -> None:

@@ -24,17 +24,19 @@ from anisotropy_core.transforms import DEFAULT_EPS
 from anisotropy_spark.estimators import (AllButTheTopEstimator, CenterEstimator, CorrectionEstimator,
                                          WhiteningEstimator)
 from anisotropy_spark.io import as_double_array, read_table, validate
+from anisotropy_spark.kmeans import ClusterRecenterEstimator
 from anisotropy_spark.session import get_spark
 from jobs.config import parse_args
 
 
 @dataclasses.dataclass
 class FitConfig:
-    """Settings of the fit job (conf/fit.yaml). D/max_D apply to abtt; k…normalize to whitening."""
+    """Settings of the fit job (conf/fit.yaml). D/max_D apply to abtt; k…normalize to whitening;
+    clusters, cluster_metric, D_per_cluster and seed to cluster_recenter."""
 
     input: str
     artifact: str
-    method: Literal["center", "abtt", "whitening"] = "abtt"
+    method: Literal["center", "abtt", "whitening", "cluster_recenter"] = "abtt"
     input_version: int | None = None
     vector_col: str = "vector"
     id_col: str = "id"
@@ -45,6 +47,10 @@ class FitConfig:
     eps: float = DEFAULT_EPS
     zca: bool = False
     normalize: bool = False
+    clusters: int = 8
+    cluster_metric: Literal["euclidean", "cosine"] = "euclidean"
+    D_per_cluster: int = 0
+    seed: int = 0
     on_invalid: Literal["error", "quarantine"] = "error"
     quarantine_path: str | None = None
     master: str | None = None
@@ -59,6 +65,8 @@ class FitConfig:
             problems.append(f"k must be >= 1, got {self.k}")
         if not 0.0 <= self.shrinkage <= 1.0:
             problems.append(f"shrinkage must be in [0, 1], got {self.shrinkage}")
+        if self.clusters < 1 or self.D_per_cluster < 0:
+            problems.append(f"clusters must be >= 1 and D_per_cluster >= 0, got {self.clusters}, {self.D_per_cluster}")
         if not self.eps > 0:
             problems.append(f"eps must be > 0, got {self.eps}")
         return problems
@@ -70,6 +78,9 @@ def estimator_for(config: FitConfig) -> CorrectionEstimator:
         return CenterEstimator(inputCol=config.vector_col)
     if config.method == "abtt":
         return AllButTheTopEstimator(inputCol=config.vector_col, D=config.D, maxD=config.max_D)
+    if config.method == "cluster_recenter":
+        return ClusterRecenterEstimator(inputCol=config.vector_col, k=config.clusters, D=config.D_per_cluster,
+                                        distanceMeasure=config.cluster_metric, seed=config.seed)
     return WhiteningEstimator(inputCol=config.vector_col, k=config.k, shrinkage=config.shrinkage,
                               eps=config.eps, zca=config.zca, normalize=config.normalize)
 

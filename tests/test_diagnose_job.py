@@ -178,3 +178,22 @@ def test_parquet_table_200k_by_384(spark, tmp_path):
     assert m["mp_above_upper"] == 0
     assert 0.9 * d < m["effective_rank"] < d
     assert np.isfinite(m["anisotropy_A"]) and m["offset_ratio"] > 0.9
+
+
+def test_per_cluster_table_shows_local_isotropy(spark, tmp_path):
+    """Seed ch. 7: two separated clusters are globally anisotropic and locally isotropic."""
+    rng = np.random.default_rng(8)
+    centres = np.repeat([[2.0, 0, 0], [-2.0, 0, 0]], 150, axis=0) + 10.0
+    X = centres + 0.5 * rng.normal(size=centres.shape)
+    table = write_delta(spark, frame(spark, X), str(tmp_path / "mix"))
+    args = ["--input", table, "--clusters", "2", "--output-dir", str(tmp_path / "out"),
+            "--metrics-table", "null", "--metadata-cols", "[]"]
+    assert job.main(args) == 0
+    per_cluster = json.loads((tmp_path / "out" / "report.json").read_text())["per_cluster"]
+    assert per_cluster["locally_isotropic"] is True
+    assert abs(per_cluster["global"]["top1_var"] - 0.895) < 0.03
+    assert sorted(r["size"] for r in per_cluster["clusters"]) == [150, 150]
+    assert all(r["top1_var"] < 0.5 for r in per_cluster["clusters"])
+    assert "globally anisotropic, locally isotropic" in (tmp_path / "out" / "report.md").read_text()
+    with pytest.raises(ValueError, match="exceeds the 300 valid vectors"):
+        job.main(args[:2] + ["--clusters", "301"] + args[4:])
