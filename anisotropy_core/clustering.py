@@ -63,23 +63,35 @@ def prepare(vectors: np.ndarray, metric: str) -> np.ndarray:
     return x.copy()
 
 
-def distances(x: np.ndarray, centroids: np.ndarray, metric: str) -> np.ndarray:
-    """(B, k) distances of prepared rows ``x`` (B, d) to ``centroids`` (k, d), one BLAS product.
+def row_norms_squared(x: np.ndarray) -> np.ndarray:
+    """(B,) ‖x_i‖² of the rows of ``x`` (B, d); computed once per block and passed to :func:`distances`."""
+    return np.einsum("ij,ij->i", x, x)
 
-    Euclidean: ‖x‖² − 2 x·c + ‖c‖², clipped at 0 against cancellation. Cosine (unit x and c): 1 − x·c.
+
+def distances(x: np.ndarray, centroids: np.ndarray, metric: str, x_sq: np.ndarray | None = None) -> np.ndarray:
+    """(B, k) distances of prepared rows ``x`` (B, d) to ``centroids`` (k, d), one float64 GEMM.
+
+    Euclidean: ‖x‖² − 2 x·c + ‖c‖², clipped at 0 against cancellation; ``x_sq`` (B,) optional precomputed
+    :func:`row_norms_squared` of ``x`` (same numbers, not recomputed every pass). Cosine (unit x and c):
+    1 − x·c.
     """
-    cross = x @ centroids.T
+    out = x @ centroids.T
     if metric == "cosine":
-        return np.clip(1.0 - cross, 0.0, 2.0)
-    squared = np.einsum("ij,ij->i", x, x)[:, None] - 2.0 * cross + np.einsum("ij,ij->i", centroids, centroids)
-    return np.maximum(squared, 0.0)
+        np.subtract(1.0, out, out=out)
+        return np.clip(out, 0.0, 2.0, out=out)
+    out *= -2.0
+    out += (row_norms_squared(x) if x_sq is None else x_sq)[:, None]
+    out += row_norms_squared(centroids)
+    return np.maximum(out, 0.0, out=out)
 
 
-def assign(x: np.ndarray, centroids: np.ndarray, metric: str) -> tuple[np.ndarray, np.ndarray]:
-    """Nearest centroid of each prepared row: ``(ids (B,) int64, distance (B,))``; ties go to the lower id."""
-    dist = distances(x, centroids, metric)
+def assign(x: np.ndarray, centroids: np.ndarray, metric: str,
+           x_sq: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Nearest centroid of each prepared row: ``(ids (B,) int64, distance (B,))``; ties go to the lower id.
+    ``x_sq``: optional (B,) precomputed ‖x‖² (Euclidean), see :func:`distances`."""
+    dist = distances(x, centroids, metric, x_sq)
     ids = np.argmin(dist, axis=1)
-    return ids, dist[np.arange(x.shape[0]), ids]
+    return ids, np.take_along_axis(dist, ids[:, None], axis=1)[:, 0]
 
 
 def _farthest(dist: np.ndarray, points: np.ndarray, m: int) -> np.ndarray:
@@ -127,15 +139,16 @@ class ClusterState:
 
     @classmethod
     def of_batch(cls, x: np.ndarray, centroids: np.ndarray, metric: str,
-                 weights: np.ndarray | None = None) -> "ClusterState":
+                 weights: np.ndarray | None = None, x_sq: np.ndarray | None = None) -> "ClusterState":
         """State of prepared rows ``x`` (B, d) (see :func:`prepare`) against ``centroids`` (k, d).
 
-        ``weights``: optional (B,) non-negative row weights (k-means|| candidates); default 1.
+        ``weights``: optional (B,) non-negative row weights (k-means|| candidates); default 1. ``x_sq``:
+        optional (B,) precomputed :func:`row_norms_squared` of ``x`` (Euclidean passes over fixed blocks).
         """
         k, d = centroids.shape
         if x.shape[0] == 0:
             return cls.empty(k, d)
-        ids, dist = assign(x, centroids, metric)
+        ids, dist = assign(x, centroids, metric, x_sq)
         w = np.ones(x.shape[0]) if weights is None else np.asarray(weights, dtype=np.float64)
         sums = _grouped_sum(k, ids, x, w)
         counts = np.bincount(ids, weights=w, minlength=k).astype(np.float64)
@@ -172,14 +185,19 @@ class ClusterState:
         return cls(sums.copy(), counts.copy(), float(flat[3]), body.reshape(m, d).copy(), far_dist.copy())
 
 
+GROUPED_SUM_CHUNK = 1 << 22   # elements of the (k, rows) one-hot matrix built at a time (32 MiB)
+
+
 def _grouped_sum(k: int, ids: np.ndarray, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """(k, d) per-cluster Σ w·x of rows ``x`` (B, d) with cluster ids (B,): rows sorted by id, then one
-    ``np.add.reduceat`` over the contiguous runs (O(B·d), no (k, B) indicator matrix)."""
-    order = np.argsort(ids, kind="stable")
-    sorted_ids = ids[order]
-    starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])
+    """(k, d) per-cluster Σ w·x of rows ``x`` (B, d) with cluster ids (B,): a weighted one-hot (k, b) matrix
+    times the rows, one GEMM per chunk of b = max(1, 2²² / k) rows (bounded memory, BLAS speed)."""
     out = np.zeros((k, x.shape[1]))
-    out[sorted_ids[starts]] = np.add.reduceat(x[order] * w[order, None], starts, axis=0)
+    step = max(1, GROUPED_SUM_CHUNK // k)
+    for start in range(0, x.shape[0], step):
+        stop = min(start + step, x.shape[0])
+        onehot = np.zeros((k, stop - start))
+        onehot[ids[start:stop], np.arange(stop - start)] = w[start:stop]
+        out += onehot @ x[start:stop]
     return out
 
 
@@ -348,11 +366,12 @@ def kmeans(data: np.ndarray | Sequence[np.ndarray], k: int, metric: str = "eucli
     parts = [prepare(p, metric) for p in parts]
     if k < 1 or k > sum(p.shape[0] for p in parts):
         raise ValueError(f"k must be between 1 and the number of rows, got k={k}")
+    squares = [row_norms_squared(p) for p in parts]
 
     def run_pass(centroids: np.ndarray) -> ClusterState:
         state = ClusterState.empty(*centroids.shape)
-        for p in parts:
-            state = state.merge(ClusterState.of_batch(p, centroids, metric))
+        for p, sq in zip(parts, squares):
+            state = state.merge(ClusterState.of_batch(p, centroids, metric, x_sq=sq))
         return state
 
     def first_centre() -> np.ndarray:

@@ -1,22 +1,25 @@
 """Distributed k-means and cluster-wise recentering on Spark (seed chapter 7, "the mean belongs to nobody").
 
-Every pass is one ``mapInArrow`` over the vector column: each partition folds its Arrow batches with numpy
-BLAS into one serialised state (no per-row Python), and the states are combined with ``rdd.treeReduce``
-(never Spark Accumulators, which double-count on task retry). The algorithms themselves — k-means||
-initialisation, Lloyd iterations, empty-cluster re-seeding, convergence — are the numpy driver loops of
-:mod:`anisotropy_core.clustering`, so :func:`fit_kmeans` computes exactly what the numpy reference
-``anisotropy_core.clustering.kmeans`` computes on the same partitions.
+The vectors are converted once into an RDD of numpy blocks (:func:`vector_blocks`: each partition's rows,
+in order, as one or a few (B, d) float64 matrices with their prepared rows and ‖x‖²) and persisted for the
+whole fit. Every pass then maps the blocks with numpy BLAS into one small state per partition (no per-row
+Python, no Arrow conversion: the cached blocks reach the reused Python workers as pickled arrays) and
+combines the states with ``rdd.treeReduce`` (never Spark Accumulators, which double-count on task retry).
+The algorithms themselves — k-means|| initialisation, Lloyd iterations, empty-cluster re-seeding,
+convergence — are the numpy driver loops of :mod:`anisotropy_core.clustering`, so :func:`fit_kmeans`
+computes exactly what the numpy reference ``anisotropy_core.clustering.kmeans`` computes on the same
+partitions.
 
 Randomness (k-means|| sampling) comes from one generator per (seed, round, partition id), so a fit is
 deterministic given the seed and the input's partitioning.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 import pyarrow as pa
-from pyspark import StorageLevel, TaskContext, keyword_only
+from pyspark import RDD, StorageLevel, keyword_only
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.sql import DataFrame
 from pyspark.sql.types import IntegerType, StructField
@@ -25,28 +28,21 @@ from anisotropy_core.clustering import (DEFAULT_INIT_STEPS, DEFAULT_MAX_ITER, DE
                                         ClusterRecenter, ClusterState, KMeansResult, assign, check_metric,
                                         cluster_diagnostics, cluster_moments, first_centre_candidate,
                                         kmeans_info, kmeans_parallel_init, lloyd, merge_cluster_moments,
-                                        oversample, partition_rng, prepare)
+                                        oversample, partition_rng, prepare, row_norms_squared)
 from anisotropy_core.moments import Moments
 
 from .arrow import batch_matrix
 from .estimators import BatchOutputs, CorrectionEstimator, CorrectionModel, register_model_class
 from .io import infer_dimension
 
-PAYLOAD_SCHEMA = pa.schema([("partition", pa.int64()), ("payload", pa.binary())])
-PAYLOAD_DDL = "partition long, payload binary"
 PACKED_SCHEMA = pa.schema([("packed", pa.binary())])
 TREE_DEPTH = 2
-
-Fold = Callable[[Iterator[np.ndarray], int], bytes]
+BLOCK_BYTES = 1 << 26       # a partition's rows are kept as blocks of at most 64 MiB (one block if smaller)
 
 
 def pack_vectors(df: DataFrame, vector_col: str, dimension: int) -> DataFrame:
     """``packed binary`` DataFrame: each Arrow batch of ``vector_col`` (array<double>, length ``dimension``)
-    becomes one row holding its (B, d) float64 matrix as raw bytes, in the same partitions and row order.
-
-    Iterative passes read these blobs with ``np.frombuffer`` instead of converting every array element from
-    Spark rows to Arrow again; persist the result when it is read more than once.
-    """
+    becomes one row holding its (B, d) float64 matrix as raw bytes, in the same partitions and row order."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -57,85 +53,103 @@ def pack_vectors(df: DataFrame, vector_col: str, dimension: int) -> DataFrame:
     return df.select(vector_col).mapInArrow(run, "packed binary")
 
 
-def _unpacked(batches: Iterator[pa.RecordBatch], dimension: int) -> Iterator[np.ndarray]:
-    """The (B, d) matrices stored by :func:`pack_vectors` (read-only views of the Arrow buffers)."""
-    for batch in batches:
-        for blob in batch.column(0):
-            yield np.frombuffer(blob.as_buffer(), dtype=np.float64).reshape(-1, dimension)
+class Block(NamedTuple):
+    """Some consecutive rows of one partition, ready for passes.
+
+    * ``raw``  — (B, d) float64 vectors as read (what per-cluster moments are taken of),
+    * ``x``    — (B, d) prepared rows (:func:`~anisotropy_core.clustering.prepare`; ``raw`` itself for
+      Euclidean, unit rows for cosine),
+    * ``x_sq`` — (B,) ‖x‖², computed once instead of once per Lloyd pass.
+    """
+
+    raw: np.ndarray
+    x: np.ndarray
+    x_sq: np.ndarray
+
+    @classmethod
+    def of(cls, raw: np.ndarray, metric: str) -> "Block":
+        """Block of (B, d) vectors; raises InvalidVectorsError on NaN/Inf (or a zero row for cosine)."""
+        x = prepare(raw, metric)
+        return cls(x if metric == "euclidean" else np.asarray(raw, dtype=np.float64), x, row_norms_squared(x))
 
 
-def _partition_payloads(dimension: int, fold: Fold):
-    """``mapInArrow`` function: the partition's packed matrices → ``fold(matrices, partition id)`` → one row."""
+def vector_blocks(df: DataFrame, vector_col: str, dimension: int, metric: str,
+                  max_block_bytes: int = BLOCK_BYTES) -> RDD:
+    """RDD of :class:`Block` of the valid ``array<double>`` column ``vector_col`` (length ``dimension``):
+    per partition, its rows in order, cut into blocks of at most ``max_block_bytes`` of (B, d) float64 (one
+    block per partition when it fits, so passes see exactly the partition matrices the numpy reference
+    gets). Same partitions as ``df``; persist it when it is read more than once."""
+    check_metric(metric)
+    cap = max(1, max_block_bytes // (8 * dimension))
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        partition = TaskContext.get().partitionId()
-        payload = fold(_unpacked(batches, dimension), partition)
-        yield pa.RecordBatch.from_pydict({"partition": [partition], "payload": [payload]}, schema=PAYLOAD_SCHEMA)
+    def to_blocks(rows: Iterator[Any]) -> Iterator[Block]:
+        pending: list[np.ndarray] = []
+        count = 0
+        for row in rows:
+            matrix = np.frombuffer(row[0], dtype=np.float64).reshape(-1, dimension)
+            pending.append(matrix)
+            count += matrix.shape[0]
+            if count >= cap:
+                joined = np.concatenate(pending)
+                full = (count // cap) * cap
+                for start in range(0, full, cap):
+                    yield Block.of(joined[start:start + cap], metric)
+                pending, count = ([joined[full:]] if full < count else []), count - full
+        if count:
+            yield Block.of(np.concatenate(pending), metric)
 
-    return run
+    return pack_vectors(df, vector_col, dimension).rdd.mapPartitions(to_blocks, preservesPartitioning=True)
 
 
-def _payloads(packed: DataFrame, dimension: int, fold: Fold) -> DataFrame:
-    return packed.mapInArrow(_partition_payloads(dimension, fold), PAYLOAD_DDL)
+def _per_partition(blocks: RDD, fold: Callable[[Iterator[Block], int], Any]) -> RDD:
+    """One element per partition: ``fold(the partition's blocks, partition id)``."""
+    return blocks.mapPartitionsWithIndex(lambda partition, it: [fold(it, partition)])
 
 
-def _reduce(packed: DataFrame, dimension: int, fold: Fold, decode: Callable[[bytes], Any],
-            merge: Callable[[Any, Any], Any]) -> Any:
-    """One pass: per-partition ``fold`` → ``decode`` → ``treeReduce(merge)`` on the driver."""
-    rows = _payloads(packed, dimension, fold).rdd.map(lambda row: decode(bytes(row["payload"])))
-    return rows.treeReduce(merge, depth=TREE_DEPTH)
-
-
-def assignment_pass(packed: DataFrame, dimension: int, centroids: np.ndarray, metric: str) -> ClusterState:
-    """One Lloyd pass: per-cluster sums, counts, inertia and farthest points of the :func:`pack_vectors`
-    frame ``packed`` against ``centroids`` (k, d)."""
+def assignment_pass(blocks: RDD, centroids: np.ndarray, metric: str) -> ClusterState:
+    """One Lloyd pass: per-cluster sums, counts, inertia and farthest points of the :func:`vector_blocks`
+    ``blocks`` against ``centroids`` (k, d)."""
     centroids = np.asarray(centroids, dtype=np.float64)
 
-    def fold(matrices: Iterator[np.ndarray], _partition: int) -> bytes:
+    def fold(it: Iterator[Block], _partition: int) -> ClusterState:
         state = ClusterState.empty(*centroids.shape)
-        for x in matrices:
-            state = state.merge(ClusterState.of_batch(prepare(x, metric), centroids, metric))
-        return state.to_bytes()
+        for block in it:
+            state = state.merge(ClusterState.of_batch(block.x, centroids, metric, x_sq=block.x_sq))
+        return state
 
-    return _reduce(packed, dimension, fold, ClusterState.from_bytes, ClusterState.merge)
-
-
-def _collect_rows(packed: DataFrame, dimension: int, fold: Fold, width: int) -> np.ndarray:
-    """(m, width) float64 rows produced by ``fold`` in every partition, concatenated in partition order
-    (small results only: k-means|| candidates)."""
-    rows = sorted(_payloads(packed, dimension, fold).collect(), key=lambda r: r["partition"])
-    return np.concatenate([np.frombuffer(bytes(r["payload"]), dtype=np.float64).reshape(-1, width)
-                           for r in rows])
+    return _per_partition(blocks, fold).treeReduce(ClusterState.merge, depth=TREE_DEPTH)
 
 
-def first_centre(packed: DataFrame, dimension: int, metric: str, seed: int) -> np.ndarray:
+def first_centre(blocks: RDD, metric: str, seed: int) -> np.ndarray:
     """(d,) a uniformly random prepared row: the smallest per-row uniform key over all partitions."""
 
-    def fold(matrices: Iterator[np.ndarray], partition: int) -> bytes:
+    def fold(it: Iterator[Block], partition: int) -> tuple[float, np.ndarray] | None:
         rng = partition_rng(seed, -1, partition)
-        best = (np.inf, np.zeros(dimension))
-        for x in matrices:
-            key, row = first_centre_candidate(prepare(x, metric), rng)
-            best = min(best, (key, row), key=lambda kv: kv[0])
-        return np.concatenate([[best[0]], best[1]]).tobytes() if np.isfinite(best[0]) else b""
+        best = None
+        for block in it:
+            key, row = first_centre_candidate(block.x, rng)
+            if best is None or key < best[0]:
+                best = (key, row)
+        return best
 
-    keyed = _collect_rows(packed, dimension, fold, dimension + 1)
-    if keyed.shape[0] == 0:
+    keyed = [kv for kv in _per_partition(blocks, fold).collect() if kv is not None]
+    if not keyed:
         raise ValueError("k-means needs at least one vector: the input is empty")
-    return keyed[int(np.argmin(keyed[:, 0])), 1:]
+    return min(keyed, key=lambda kv: kv[0])[1]
 
 
-def oversample_pass(packed: DataFrame, dimension: int, centroids: np.ndarray, scale: float, round_: int,
-                    metric: str, seed: int) -> np.ndarray:
-    """k-means|| round: (m, d) prepared rows kept with probability min(1, scale · distance to centroids)."""
+def oversample_pass(blocks: RDD, centroids: np.ndarray, scale: float, round_: int, metric: str,
+                    seed: int) -> np.ndarray:
+    """k-means|| round: (m, d) prepared rows kept with probability min(1, scale · distance to centroids),
+    in partition order."""
     centroids = np.asarray(centroids, dtype=np.float64)
+    d = centroids.shape[1]
 
-    def fold(matrices: Iterator[np.ndarray], partition: int) -> bytes:
+    def fold(it: Iterator[Block], partition: int) -> np.ndarray:
         rng = partition_rng(seed, round_, partition)
-        kept = [oversample(prepare(x, metric), centroids, metric, scale, rng) for x in matrices]
-        return np.concatenate(kept).tobytes() if kept else b""
+        return np.concatenate([np.zeros((0, d))] + [oversample(b.x, centroids, metric, scale, rng) for b in it])
 
-    return _collect_rows(packed, dimension, fold, dimension)
+    return np.concatenate(_per_partition(blocks, fold).collect())
 
 
 def fit_kmeans(df: DataFrame, vector_col: str, k: int, metric: str = "euclidean", seed: int = 0,
@@ -145,53 +159,49 @@ def fit_kmeans(df: DataFrame, vector_col: str, k: int, metric: str = "euclidean"
     """Distributed k-means (k-means|| init + Lloyd) of the valid ``array<double>`` column ``vector_col``.
 
     ``metric``: ``"euclidean"`` or ``"cosine"`` (spherical; centroids are unit vectors). ``init``: optional
-    (k, d) starting centroids (skips k-means||). The vectors are packed (:func:`pack_vectors`) and persisted
-    for the duration of the fit. Returns a :class:`KMeansResult` (centroids (k, d), sizes, inertia,
-    iterations, convergence flag, inertia history).
+    (k, d) starting centroids (skips k-means||). The vectors are converted to :func:`vector_blocks` once and
+    persisted for the duration of the fit (unpersisted at the end). Returns a :class:`KMeansResult`
+    (centroids (k, d), sizes, inertia, iterations, convergence flag, inertia history).
     """
     check_metric(metric)
     d = dimension if dimension is not None else infer_dimension(df, vector_col)
-    packed = pack_vectors(df, vector_col, d).persist(StorageLevel.MEMORY_AND_DISK)
+    blocks = vector_blocks(df, vector_col, d, metric).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        return fit_kmeans_packed(packed, d, k, metric, seed, max_iter, tol, init_steps, oversampling, init)
+        return fit_kmeans_blocks(blocks, d, k, metric, seed, max_iter, tol, init_steps, oversampling, init)
     finally:
-        packed.unpersist()
+        blocks.unpersist()
 
 
-def fit_kmeans_packed(packed: DataFrame, dimension: int, k: int, metric: str, seed: int, max_iter: int,
+def fit_kmeans_blocks(blocks: RDD, dimension: int, k: int, metric: str, seed: int, max_iter: int,
                       tol: float, init_steps: int, oversampling: float, init: np.ndarray | None) -> KMeansResult:
-    """:func:`fit_kmeans` on an already packed (and preferably persisted) frame, see :func:`pack_vectors`."""
+    """:func:`fit_kmeans` on :func:`vector_blocks` (built for ``metric``, preferably persisted)."""
     if init is None:
         start = kmeans_parallel_init(
-            lambda: first_centre(packed, dimension, metric, seed),
-            lambda c: assignment_pass(packed, dimension, c, metric),
-            lambda c, scale, round_: oversample_pass(packed, dimension, c, scale, round_, metric, seed),
+            lambda: first_centre(blocks, metric, seed),
+            lambda c: assignment_pass(blocks, c, metric),
+            lambda c, scale, round_: oversample_pass(blocks, c, scale, round_, metric, seed),
             k, metric, seed, init_steps, oversampling)
     else:
         start = prepare(init, metric)
     if start.shape != (k, dimension):
         raise ValueError(f"initial centroids have shape {start.shape}, expected {(k, dimension)}")
-    return lloyd(lambda c: assignment_pass(packed, dimension, c, metric), start, metric, max_iter, tol)
+    return lloyd(lambda c: assignment_pass(blocks, c, metric), start, metric, max_iter, tol)
 
 
-def cluster_moments_pass(packed: DataFrame, dimension: int, centroids: np.ndarray, metric: str) -> list[Moments]:
-    """One pass over a :func:`pack_vectors` frame: the k :class:`Moments` states (raw vectors) of the
-    clusters of ``centroids`` (k, d)."""
+def cluster_moments_pass(blocks: RDD, centroids: np.ndarray, metric: str) -> list[Moments]:
+    """One pass over :func:`vector_blocks`: the k :class:`Moments` states (raw vectors) of the clusters of
+    ``centroids`` (k, d)."""
     centroids = np.asarray(centroids, dtype=np.float64)
-    k = centroids.shape[0]
-    size = len(Moments.empty(dimension).to_bytes())
+    k, d = centroids.shape
 
-    def fold(matrices: Iterator[np.ndarray], _partition: int) -> bytes:
-        states = [Moments.empty(dimension)] * k
-        for x in matrices:
-            ids = assign(prepare(x, metric), centroids, metric)[0]
-            states = merge_cluster_moments(states, cluster_moments(x, ids, k))
-        return b"".join(s.to_bytes() for s in states)
+    def fold(it: Iterator[Block], _partition: int) -> list[Moments]:
+        states = [Moments.empty(d)] * k
+        for block in it:
+            ids = assign(block.x, centroids, metric, block.x_sq)[0]
+            states = merge_cluster_moments(states, cluster_moments(block.raw, ids, k))
+        return states
 
-    def decode(payload: bytes) -> list[Moments]:
-        return [Moments.from_bytes(payload[c * size:(c + 1) * size]) for c in range(k)]
-
-    return _reduce(packed, dimension, fold, decode, merge_cluster_moments)
+    return _per_partition(blocks, fold).treeReduce(merge_cluster_moments, depth=TREE_DEPTH)
 
 
 def spark_cluster_diagnostics(df: DataFrame, vector_col: str, centroids: np.ndarray, metric: str = "euclidean",
@@ -199,7 +209,7 @@ def spark_cluster_diagnostics(df: DataFrame, vector_col: str, centroids: np.ndar
     """Per-cluster diagnosis table of ``df`` for the clusters of ``centroids`` (k, d): one pass, then
     :func:`anisotropy_core.clustering.cluster_diagnostics` (see there for the returned dict)."""
     d = dimension if dimension is not None else infer_dimension(df, vector_col)
-    return cluster_diagnostics(cluster_moments_pass(pack_vectors(df, vector_col, d), d, centroids, metric))
+    return cluster_diagnostics(cluster_moments_pass(vector_blocks(df, vector_col, d, metric), centroids, metric))
 
 
 @register_model_class(ClusterRecenter.method)
@@ -276,13 +286,13 @@ class ClusterRecenterEstimator(CorrectionEstimator):
     def _fit_transform(self, vectors: DataFrame, col: str, d: int) -> tuple[ClusterRecenter, int]:
         get = self.getOrDefault
         metric = check_metric(get(self.distanceMeasure))
-        packed = pack_vectors(vectors, col, d).persist(StorageLevel.MEMORY_AND_DISK)
+        blocks = vector_blocks(vectors, col, d, metric).persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            result = fit_kmeans_packed(packed, d, get(self.k), metric, get(self.seed), get(self.maxIter),
+            result = fit_kmeans_blocks(blocks, d, get(self.k), metric, get(self.seed), get(self.maxIter),
                                        get(self.tol), get(self.initSteps), DEFAULT_OVERSAMPLING, None)
-            states = cluster_moments_pass(packed, d, result.centroids, metric)
+            states = cluster_moments_pass(blocks, result.centroids, metric)
         finally:
-            packed.unpersist()
+            blocks.unpersist()
         transform = ClusterRecenter.from_moments(result.centroids, states, get(self.D), metric,
                                                  kmeans_info(result))
         return transform, int(transform.sizes.sum())

@@ -208,3 +208,23 @@ def test_lloyd_stops_at_max_iter_and_reports_it():
     X, _ = mixture(500, 4, (0.5, 0.5), separation=0.5, seed=8)
     result = lloyd(lambda c: ClusterState.of_batch(X, c, "euclidean"), X[:5], "euclidean", max_iter=2, tol=0.0)
     assert result.n_iter == 2 and not result.converged and len(result.history) == 2
+
+
+@pytest.mark.parametrize("chunk", [1 << 22, 64])
+def test_cluster_state_matches_direct_formulas(monkeypatch, chunk):
+    # the pass's fast paths (one-hot GEMM per chunk of rows, precomputed ‖x‖²) against the plain definitions
+    import anisotropy_core.clustering as clustering
+    monkeypatch.setattr(clustering, "GROUPED_SUM_CHUNK", chunk)       # 64 / k = 8 rows per GEMM chunk
+    rng = np.random.default_rng(7)
+    x, centroids, w = rng.normal(size=(300, 5)), rng.normal(size=(8, 5)), rng.uniform(0.5, 2.0, size=300)
+    direct = ((x[:, None, :] - centroids[None]) ** 2).sum(axis=2)              # (B, k)
+    ids = np.argmin(direct, axis=1)
+    sums = np.zeros((8, 5))
+    np.add.at(sums, ids, w[:, None] * x)
+    state = ClusterState.of_batch(x, centroids, "euclidean", w, x_sq=(x * x).sum(axis=1))
+    assert np.array_equal(assign(x, centroids, "euclidean")[0], ids)
+    assert np.allclose(state.sums, sums, rtol=0, atol=1e-12)
+    assert np.array_equal(state.counts, np.bincount(ids, weights=w, minlength=8))
+    assert state.inertia == pytest.approx(float(w @ direct[np.arange(300), ids]), rel=1e-12)
+    plain = ClusterState.of_batch(x, centroids, "euclidean", w)
+    assert np.array_equal(plain.sums, state.sums) and plain.inertia == pytest.approx(state.inertia, rel=1e-12)

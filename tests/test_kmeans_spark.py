@@ -31,16 +31,18 @@ def partitions(df):
             for part in df.select("vector").rdd.glom().collect()]
 
 
-@pytest.mark.parametrize("metric, use_init", [("euclidean", False), ("cosine", True)])
-def test_spark_kmeans_equals_numpy_reference(spark, metric, use_init):
+@pytest.mark.parametrize("metric, use_init, max_iter", [("euclidean", False, 50), ("cosine", True, 4)])
+def test_spark_kmeans_equals_numpy_reference(spark, metric, use_init, max_iter):
+    # euclidean: k-means|| start, runs to convergence (5 passes); cosine: given start, stopped by max_iter
+    # (it would converge after 7), so both ways a fit ends are compared with the reference
     X, _ = mixture(2000, 8, (0.4, 0.3, 0.2, 0.1), separation=6.0, spread=0.6, seed=2)
     df = frame(spark, X).cache()
     parts = partitions(df)
     assert len(parts) == PARTITIONS and sum(len(p) for p in parts) == len(X)
     init = X[[0, 1, 2, 3]] if use_init else None
-    ours = fit_kmeans(df, "vector", 4, metric, seed=5, init=init)
-    reference = kmeans(parts, 4, metric, seed=5, init=init)
-    assert ours.n_iter == reference.n_iter and ours.converged == reference.converged
+    ours = fit_kmeans(df, "vector", 4, metric, seed=5, init=init, max_iter=max_iter)
+    reference = kmeans(parts, 4, metric, seed=5, init=init, max_iter=max_iter)
+    assert ours.n_iter == reference.n_iter and ours.converged == reference.converged == (max_iter == 50)
     assert np.array_equal(ours.counts, reference.counts)
     assert np.allclose(ours.centroids, reference.centroids, rtol=0, atol=1e-12)
     assert ours.inertia == pytest.approx(reference.inertia, rel=1e-12)
