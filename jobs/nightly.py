@@ -339,7 +339,7 @@ def _barrier() -> None:
     folder, count = spec.rsplit(":", 1)
     with open(os.path.join(folder, uuid.uuid4().hex), "w", encoding="utf-8"):
         pass
-    deadline = time.time() + 600
+    deadline = time.time() + 300
     while len(os.listdir(folder)) < int(count) and time.time() < deadline:
         time.sleep(0.2)
 
@@ -504,6 +504,13 @@ def _commit_conf(spark: SparkSession, settings: dict[str, str]):
     return scope()
 
 
+def is_delta_conflict(exc: BaseException) -> bool:
+    """True for Delta's optimistic-concurrency failures (ConcurrentAppend/Transaction/…, ProtocolChanged)."""
+    text = f"{type(exc).__name__} {exc}"
+    return any(marker in text for marker in ("io.delta.exceptions.Concurrent", "DELTA_CONCURRENT",
+                                             "DELTA_PROTOCOL_CHANGED", "ConcurrentPublishError"))
+
+
 def publish(spark: SparkSession, config: NightlyConfig, candidate: DataFrame, new_rows: DataFrame | None,
             meta: dict, start_version: int | None) -> int:
     """Commit the output once (overwrite ``candidate``, or MERGE ``new_rows`` on id); returns the new version.
@@ -532,8 +539,7 @@ def publish(spark: SparkSession, config: NightlyConfig, candidate: DataFrame, ne
                  .merge(new_rows.alias("s"), f"t.`{config.id_col}` = s.`{config.id_col}`")
                  .whenNotMatchedInsertAll().execute())
     except Exception as exc:  # noqa: BLE001 — only Delta's concurrency conflicts are translated
-        if "Concurrent" in type(exc).__name__ or "io.delta.exceptions.Concurrent" in str(exc) \
-                or "DELTA_CONCURRENT" in str(exc):
+        if is_delta_conflict(exc):
             raise ConcurrentPublishError(f"a concurrent run committed to {config.output} first: "
                                          f"{str(exc).splitlines()[0]}") from exc
         raise
@@ -727,7 +733,13 @@ def write_record(spark: SparkSession, config: NightlyConfig, rec: dict) -> None:
            rec["reason"], rec["input"]["path"], rec["input"]["version"], rec["output"]["path"],
            rec["output"].get("version"), (rec["recommendation"] or {}).get("method"),
            (rec["applied"] or {}).get("method"), (rec["applied"] or {}).get("transform_version"), text)
-    spark.createDataFrame([row], RUNS_SCHEMA).write.format("delta").mode("append").save(config.runs_table)
+    for attempt in range(3):      # blind appends conflict only while two runs create the table at once
+        try:
+            spark.createDataFrame([row], RUNS_SCHEMA).write.format("delta").mode("append").save(config.runs_table)
+            return
+        except Exception as exc:  # noqa: BLE001
+            if attempt == 2 or not is_delta_conflict(exc):
+                raise
 
 
 def parse_cli(argv: list[str] | None) -> tuple[NightlyConfig, int | None]:
@@ -763,9 +775,12 @@ def main(argv: list[str] | None = None) -> int:
     except InvalidRowsError as exc:
         status, run.record["reason"] = "invalid_input", str(exc)
     except Exception as exc:  # noqa: BLE001 — recorded, then re-raised for the traceback
-        run.record.update(status="failed", reason=f"{type(exc).__name__}: {exc}")
-        write_record(spark, config, run.record)
-        raise
+        if not is_delta_conflict(exc):
+            run.record.update(status="failed", reason=f"{type(exc).__name__}: {exc}")
+            write_record(spark, config, run.record)
+            raise
+        # e.g. two first runs creating the quarantine table at once: the other run won; nothing published
+        status, run.record["reason"] = "concurrent_publish", f"a concurrent run won: {str(exc).splitlines()[0]}"
     run.record["status"] = status
     write_record(spark, config, run.record)
     (log.info if EXIT[status] == 0 else log.error)("nightly %s: %s", status, run.record["reason"] or "")

@@ -134,7 +134,8 @@ def test_kill_between_apply_and_publish_leaves_table_unchanged(spark, tmp_path):
 
 def test_concurrent_runs_one_publishes_the_other_fails_cleanly(spark, reference, tmp_path):
     base, _ = reference
-    shutil.copytree(base / "output", tmp_path / "output")
+    shutil.copytree(base / "output", tmp_path / "output")           # an established deployment: the output
+    shutil.copytree(base / "quarantine", tmp_path / "quarantine")   # and quarantine tables already exist
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     conf = elsewhere(tmp_path, base, method="center")
