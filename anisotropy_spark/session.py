@@ -34,24 +34,26 @@ def get_spark(app_name: str = "anisotropy", master: str | None = None,
               extra_conf: dict[str, str] | None = None) -> SparkSession:
     """Return the active Delta-enabled session, or build an embedded one.
 
-    ``master``: Spark master URL for an embedded session (default ``local[*]``); ignored when a session
-    is already active (spark-submit decides). ``extra_conf``: additional Spark settings for a new session.
+    ``master``: Spark master URL for an embedded session (default ``local[*]``); ignored under
+    spark-submit (its ``--master`` decides) and when a session is already active. ``extra_conf``:
+    additional Spark settings for a new session.
     """
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
     builder = (
         SparkSession.builder.appName(app_name)
-        .master(master or os.environ.get("ANISOTROPY_SPARK_MASTER", "local[*]"))
         .config("spark.sql.extensions", DELTA_EXTENSION)
         .config("spark.sql.catalog.spark_catalog", DELTA_CATALOG)
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.showConsoleProgress", "false")
     )
     if not _launched_by_spark_submit():
-        # embedded: Python workers run this interpreter (its numpy/pyarrow), the Delta jars come from .jars/
+        # embedded: Python workers run this interpreter (its numpy/pyarrow), the Delta jars come from .jars/;
+        # under spark-submit its --master and --packages/--jars decide and are never overridden
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        builder = builder.config("spark.jars", ",".join(delta_jars()))
+        builder = (builder.master(master or os.environ.get("ANISOTROPY_SPARK_MASTER", "local[*]"))
+                   .config("spark.jars", ",".join(delta_jars())))
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
