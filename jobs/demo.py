@@ -6,7 +6,8 @@
    Delta table, once;
 2. diagnoses it (the diagnosis job's report, printed);
 3. fits the configured correction and writes the corrected Delta table (the fit and apply jobs);
-4. diagnoses the corrected table and prints before/after side by side.
+4. diagnoses the corrected table and prints before/after side by side;
+5. runs the nightly rebuild twice on the same corpus version: the first publishes, the second is a no-op.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from anisotropy_spark.session import get_spark
 from jobs import apply as apply_job
 from jobs import diagnose as diagnose_job
 from jobs import fit as fit_job
+from jobs import nightly as nightly_job
 from jobs.config import load, parse_args
 
 COMPARED = ["n", "d", "offset_ratio", "anisotropy_A", "top1_var", "top10_var", "effective_rank",
@@ -40,6 +42,7 @@ class DemoConfig:
     diagnose_conf: str = "conf/diagnose.yaml"
     fit_conf: str = "conf/fit.yaml"
     apply_conf: str = "conf/apply.yaml"
+    nightly_conf: str = "conf/nightly.yaml"
     method: Literal["center", "abtt", "whitening", "cluster_recenter"] = "abtt"
     master: str | None = None
 
@@ -87,6 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     after = diagnose_job.run_diagnosis(spark, corrected)
     diagnose_job.write_outputs(spark, corrected, after, before=before)
     print(f"\n## Before / after {manifest['method']}\n\n" + side_by_side(before["metrics"], after["metrics"]))
+
+    nightly = load(nightly_job.NightlyConfig, config.nightly_conf, {"input": config.corpus_table})
+    for night in (1, 2):
+        record = nightly_job.run_nightly(spark, nightly)
+        what = (f"recommended {record['recommendation']['method']}, applied {record['applied']['method']}"
+                if record["applied"] else "nothing to do: the output already holds this input version and config")
+        print(f"\nnightly run {night}: {record['status']} — {what}; {nightly.output} is at Delta version "
+              f"{nightly_job.output_state(spark, nightly.output).version}")
     return 0
 
 
