@@ -24,7 +24,7 @@ from typing import Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .diagnostics import anisotropy_from_offset
+from .diagnostics import anisotropy_from_offset, plain_scalar
 from .moments import Moments
 
 # a total occurrence variance below this fraction of ‖mean‖² is rounding noise of identical vectors
@@ -160,13 +160,13 @@ def contextual_measures(layer_sums: Mapping[Hashable, GroupSums],
     "n", "intra_sim", "adjusted_intra_sim"}...]}`` sorted by layer then key.
     """
     baselines = {layer: s.average_cosine() for layer, s in layer_sums.items() if s.n >= 2}
-    layers = [{"layer": _plain(layer), "n": layer_sums[layer].n, "baseline": baselines[layer]}
+    layers = [{"layer": plain_scalar(layer), "n": layer_sums[layer].n, "baseline": baselines[layer]}
               for layer in sorted(baselines)]
     words = []
     for (layer, word), s in sorted(word_sums.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
         if s.n < 2 or layer not in baselines:
             continue
-        row = {"layer": _plain(layer), "word": _plain(word), "n": s.n, "self_sim": s.average_cosine()}
+        row = {"layer": plain_scalar(layer), "word": plain_scalar(word), "n": s.n, "self_sim": s.average_cosine()}
         row["adjusted_self_sim"] = row["self_sim"] - baselines[layer]
         if word_moments and (layer, word) in word_moments:
             row.update({k: v for k, v in mev(word_moments[(layer, word)]).items() if k != "m"})
@@ -176,7 +176,7 @@ def contextual_measures(layer_sums: Mapping[Hashable, GroupSums],
         if s.n < 2 or layer not in baselines:
             continue
         intra = s.mean_cosine_to_centroid()
-        sentences.append({"layer": _plain(layer), "sentence": _plain(sentence), "n": s.n,
+        sentences.append({"layer": plain_scalar(layer), "sentence": plain_scalar(sentence), "n": s.n,
                           "intra_sim": intra, "adjusted_intra_sim": intra - baselines[layer]})
     return {"layers": layers, "words": words, "sentences": sentences}
 
@@ -195,8 +195,3 @@ def contextual_report(vectors: np.ndarray, layers: Sequence, words: Sequence, se
     return contextual_measures(group_sums(vectors, layer_keys), word_sums,
                                group_sums(vectors, sentence_keys),
                                group_moments(vectors, word_keys, only=eligible))
-
-
-def _plain(value):
-    """numpy scalar → Python scalar so reports serialise to JSON."""
-    return value.item() if hasattr(value, "item") else value

@@ -43,24 +43,24 @@ def marchenko_pastur_edges(n: int, d: int, variance: float = 1.0) -> tuple[float
     return float(variance * (1 - gamma) ** 2), float(variance * (1 + gamma) ** 2)
 
 
-POWER_LAW_HEAD = 0.1  # fraction of the nonzero spectrum the power law is fitted on (at least 10 eigenvalues)
-
-
 def power_law_fit(eigenvalues: np.ndarray) -> tuple[float, float]:
-    """(α, C) of the least-squares line log λ_k = log C − α log k over the head of the spectrum.
+    """(α, C) of the least-squares line log λ_k = log C − α log k over the nonzero spectrum.
 
-    ``eigenvalues``: (d,) descending. The fit uses the leading ``POWER_LAW_HEAD`` share of the nonzero
-    eigenvalues (at least 10, or all of them when fewer): the tail of a real spectrum is the sampling-noise
-    floor (the Marchenko–Pastur bulk), which would otherwise dominate the slope. (nan, nan) with < 2 points.
+    ``eigenvalues``: (d,) descending. Every eigenvalue above ``RANK_TOLERANCE · λ₁`` takes part (the seed's
+    "fit a straight line to your log-log spectrum"); (nan, nan) with fewer than 2 of them.
     """
     lam = np.asarray(eigenvalues, dtype=np.float64)
-    nonzero = int((lam > RANK_TOLERANCE * lam[0]).sum())
-    head = min(nonzero, max(10, int(np.ceil(POWER_LAW_HEAD * nonzero))))
-    if head < 2:
+    keep = lam > RANK_TOLERANCE * lam[0]
+    if keep.sum() < 2:
         return float("nan"), float("nan")
-    k = np.arange(1, head + 1)
-    slope, intercept = np.polyfit(np.log(k), np.log(lam[:head]), 1)
+    k = np.arange(1, lam.shape[0] + 1)[keep]
+    slope, intercept = np.polyfit(np.log(k), np.log(lam[keep]), 1)
     return float(-slope), float(np.exp(intercept))
+
+
+def plain_scalar(value):
+    """numpy scalar → Python scalar, so reports serialise to JSON and fit in Spark rows."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def canonical_sign(vector: np.ndarray) -> np.ndarray:
@@ -97,7 +97,7 @@ def diagnose(data: Moments | np.ndarray) -> dict:
     * ``mp_lower``, ``mp_upper`` — Marchenko–Pastur edges for this n and d, scaled to the mean
       eigenvalue (an isotropic cloud of the same total variance); ``mp_above_upper`` — how many
       eigenvalues exceed the upper edge (directions that are signal rather than sampling noise),
-    * ``power_law_alpha`` — fitted slope α of the log-log spectrum's head (see :func:`power_law_fit`),
+    * ``power_law_alpha`` — fitted slope α of the log-log spectrum (see :func:`power_law_fit`),
     * ``u1`` — (d,) first principal direction, sign-canonicalised,
     * ``mean`` — (d,) raw mean μ (needed to project centred vectors onto u1).
     """

@@ -22,6 +22,7 @@ if __package__ in (None, ""):  # spark-submit runs this file as a script: make t
 import numpy as np
 from pyspark.sql import DataFrame, SparkSession
 
+from anisotropy_core.diagnostics import plain_scalar
 from anisotropy_core.isotropy_measures import isoscore_from_spectrum, partition_ratio, sampling_noise, sign_structure_null
 from anisotropy_core.report import write_report_assets
 from anisotropy_spark.diagnostics import diagnose_dataframe, sample_rows, u1_artefact_test
@@ -51,7 +52,7 @@ METRIC_MEANINGS = {
     "mp_lower": "Marchenko–Pastur lower edge for isotropic data of this n, d and total variance",
     "mp_upper": "Marchenko–Pastur upper edge for isotropic data of this n, d and total variance",
     "mp_above_upper": "eigenvalues above that edge: directions that are more than sampling noise",
-    "power_law_alpha": "slope α of the log-log spectrum's head (top 10 %), λ_k ∝ k^−α",
+    "power_law_alpha": "slope α of the log-log spectrum, λ_k ∝ k^−α",
     "isoscore": "IsoScore (Rudman et al. 2022): fraction of dimensions used uniformly, 0…1",
     "A_noise_z": "A in standard errors of A for an isotropic sample of this n and d",
     "null_effective_rank": "effective rank that isotropic noise of this n and d would report",
@@ -128,7 +129,7 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
         "config_hash": config_hash(config),
         "invalid_rows": checked.invalid_count,
         "invalid_by_reason": checked.invalid_by_reason,
-        "metrics": {k: _plain(report[k]) for k in SCALAR_METRICS},
+        "metrics": {k: plain_scalar(report[k]) for k in SCALAR_METRICS},
         "sampling_noise": noise,
         "sign_structure": sign_null,
         "sample_size": int(sample[0].shape[0]),
@@ -151,11 +152,6 @@ def per_cluster_table(valid: DataFrame, config: DiagnoseConfig, dimension: int, 
     km = fit_kmeans(fit_on, config.vector_col, config.clusters, config.cluster_metric, seed=config.seed,
                     dimension=dimension)
     return spark_cluster_diagnostics(valid, config.vector_col, km.centroids, config.cluster_metric, dimension)
-
-
-def _plain(value):
-    """numpy scalar → Python scalar (JSON and Spark rows accept only plain types)."""
-    return value.item() if isinstance(value, np.generic) else value
 
 
 def markdown_summary(result: dict) -> str:

@@ -58,22 +58,21 @@ from typing import Any, Iterator, Literal
 if __package__ in (None, ""):  # spark-submit runs this file as a script: make the project importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np
 import pyarrow as pa
 from pyspark import StorageLevel, TaskContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from anisotropy_core.artifact import Artifact, load_artifact, save_artifact
+from anisotropy_core.diagnostics import plain_scalar
 from anisotropy_core.decision import DecisionThresholds, Recommendation, recommend
 from anisotropy_spark.diagnostics import diagnose_dataframe, u1_artefact_test
 from anisotropy_spark.estimators import CorrectionModel
 from anisotropy_spark.io import InvalidRowsError, TableRef, as_double_array, is_delta_table, read_table, validate
-from anisotropy_spark.kmeans import ClusterRecenterEstimator, ClusterRecenterModel, fit_kmeans, spark_cluster_diagnostics
+from anisotropy_spark.kmeans import ClusterRecenterEstimator, fit_kmeans, spark_cluster_diagnostics
 from anisotropy_spark.session import get_spark
 from jobs.apply import VERSION_COLUMN
 from jobs.config import ConfigError, config_hash, parse_args
-from jobs.diagnose import _plain
 from jobs.fit import FitConfig, estimator_for
 
 log = logging.getLogger("anisotropy.nightly")
@@ -360,7 +359,7 @@ def nightly_config_hash(config: NightlyConfig) -> str:
 
 def metrics_of(report: dict) -> dict:
     """The CORE_METRICS of a diagnose() report as plain Python numbers."""
-    return {k: _plain(report[k]) for k in CORE_METRICS}
+    return {k: plain_scalar(report[k]) for k in CORE_METRICS}
 
 
 # ---------------------------------------------------------------------------------------------- fit / reuse
@@ -394,8 +393,8 @@ def fit_model(config: NightlyConfig, method: str, params: dict, valid: DataFrame
 
 
 def model_from(artifact: Artifact, config: NightlyConfig) -> CorrectionModel:
-    cls = ClusterRecenterModel if artifact.transform.method == "cluster_recenter" else CorrectionModel
-    return cls.from_artifact(artifact, config.vector_col, config.out_col)
+    """The Spark model of ``artifact`` (its method's model class: cluster recentering also writes cluster ids)."""
+    return CorrectionModel.from_artifact(artifact, config.vector_col, config.out_col)
 
 
 def drift_from(config: NightlyConfig, previous: dict | None, method: str, params: dict, d: int,
@@ -558,7 +557,7 @@ def run_nightly(spark: SparkSession, config: NightlyConfig, run: Run | None = No
     ConcurrentPublishError, ConfigError or InvalidRowsError (the record in ``run.record`` says how far it got)."""
     run = run or Run(spark, config)
     rec = run.record
-    with run.stage("read") as info:
+    with run.stage("read"):
         df, ref = read_table(spark, config.input)
         if ref.format != "delta":
             raise ConfigError(f"input: {config.input} is not a Delta table (the nightly job pins a Delta version)")
@@ -575,7 +574,7 @@ def run_nightly(spark: SparkSession, config: NightlyConfig, run: Run | None = No
         log.info("no-op: %s", rec["reason"])
         return rec
 
-    with run.stage("validate") as info:
+    with run.stage("validate"):
         checked = validate(as_double_array(df, config.vector_col), config.vector_col, config.id_col,
                            config.dimension, config.on_invalid, config.quarantine_path)
     try:
