@@ -22,7 +22,7 @@ from anisotropy_core.transforms import fit
 from anisotropy_spark.estimators import CorrectionModel
 from anisotropy_spark.io import as_double_array
 from anisotropy_spark.session import get_spark
-from bench.common import best_of, write_parquet_corpus
+from bench.common import best_of, print_ratios, write_parquet_corpus
 from jobs.apply import ApplyConfig, run_apply
 
 
@@ -58,9 +58,7 @@ def main() -> None:
 
         best, _ = best_of({"floor": floor, "transform": transform_only, "job": job}, args.repeats)
     print(f"table: {args.rows} x {args.dim} double, method {args.method}, Spark local[2]; best of {args.repeats}")
-    for name, seconds in best.items():
-        print(f"{name:9s} {seconds:8.2f} s  {args.rows / seconds:12,.0f} rows/s  "
-              f"time ratio to I/O floor {seconds / best['floor']:.2f}")
+    print_ratios(best, args.rows, baseline="floor")
     spark.stop()
 
 

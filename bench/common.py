@@ -41,6 +41,13 @@ def best_of(runs: dict, repeats: int) -> tuple[dict, dict]:
     return best, answers
 
 
+def print_ratios(best: dict, rows: int, baseline: str) -> None:
+    """One line per timed run: seconds, rows/s and the time ratio to the ``baseline`` run."""
+    for name, seconds in best.items():
+        print(f"{name:9s} {seconds:8.2f} s  {rows / seconds:12,.0f} rows/s  "
+              f"time ratio to {baseline} {seconds / best[baseline]:.2f}")
+
+
 @contextmanager
 def timed(results: dict, name: str):
     """Record the wall-clock seconds of the ``with`` body in ``results[name]``."""

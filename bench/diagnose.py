@@ -21,7 +21,7 @@ from anisotropy_core import diagnose
 from anisotropy_spark.diagnostics import diagnose_dataframe
 from anisotropy_spark.io import as_double_array
 from anisotropy_spark.session import get_spark
-from bench.common import best_of, write_parquet_corpus
+from bench.common import best_of, print_ratios, write_parquet_corpus
 
 
 def main() -> None:
@@ -50,9 +50,7 @@ def main() -> None:
         best, answers = best_of({"ours": ours, "mllib": mllib, "numpy": numpy_in_memory}, args.repeats)
     print(f"corpus: {args.rows} x {args.dim} float32, Spark local[2]; best of {args.repeats}")
     print(f"top-1 variance share  ours {answers['ours']:.6f}  mllib {answers['mllib']:.6f}  numpy {answers['numpy']:.6f}")
-    for name, seconds in best.items():
-        print(f"{name:6s} {seconds:8.2f} s  {args.rows / seconds:12,.0f} rows/s  "
-              f"time ratio to ours {seconds / best['ours']:.2f}")
+    print_ratios(best, args.rows, baseline="ours")
     spark.stop()
 
 
