@@ -31,7 +31,7 @@ from anisotropy_core.artifact import Artifact, load_artifact
 from anisotropy_spark.estimators import CorrectionModel
 from anisotropy_spark.io import as_double_array, is_delta_table, read_table, validate
 from anisotropy_spark.session import get_spark
-from jobs.config import parse_args
+from jobs.config import parse_args, quarantine_problems
 
 VERSION_COLUMN = "transform_version"
 JOB_NAME = "anisotropy.apply"
@@ -57,8 +57,7 @@ class ApplyConfig:
         problems = []
         if os.path.abspath(self.input) == os.path.abspath(self.output):
             problems.append("output must differ from input (the input version must stay readable)")
-        if self.on_invalid == "quarantine" and not self.quarantine_path:
-            problems.append("on_invalid: quarantine needs quarantine_path")
+        problems += quarantine_problems(self)
         if self.output_col == VERSION_COLUMN:
             problems.append(f"output_col may not be {VERSION_COLUMN!r}")
         return problems

@@ -106,6 +106,13 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
     return value
 
 
+def quarantine_problems(config: Any) -> list[str]:
+    """The check every job config with ``on_invalid`` / ``quarantine_path`` shares (for its ``check()``)."""
+    if config.on_invalid == "quarantine" and not config.quarantine_path:
+        return ["on_invalid: quarantine needs quarantine_path"]
+    return []
+
+
 def config_hash(config: Any) -> str:
     """Stable sha256 of a config dataclass (sorted JSON), recorded with every run."""
     payload = json.dumps(dataclasses.asdict(config), sort_keys=True, default=str)

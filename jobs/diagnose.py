@@ -29,7 +29,7 @@ from anisotropy_spark.diagnostics import diagnose_dataframe, sample_rows, u1_art
 from anisotropy_spark.io import as_double_array, read_table, validate
 from anisotropy_spark.kmeans import fit_kmeans, spark_cluster_diagnostics
 from anisotropy_spark.session import get_spark
-from jobs.config import config_hash, parse_args
+from jobs.config import config_hash, parse_args, quarantine_problems
 
 SCALAR_METRICS = ["n", "d", "offset_ratio", "anisotropy_A", "isotropic_sd", "top1_var", "top10_var",
                   "effective_rank", "erank_frac", "mean_norm_ratio", "raw_top1_share", "numerical_rank",
@@ -84,9 +84,7 @@ class DiagnoseConfig:
     master: str | None = None
 
     def check(self) -> list[str]:
-        problems = []
-        if self.on_invalid == "quarantine" and not self.quarantine_path:
-            problems.append("on_invalid: quarantine needs quarantine_path")
+        problems = quarantine_problems(self)
         if self.dimension is not None and self.dimension < 1:
             problems.append(f"dimension must be ≥ 1, got {self.dimension}")
         if self.sample_size < 2:

@@ -26,7 +26,7 @@ from anisotropy_spark.estimators import (AllButTheTopEstimator, CenterEstimator,
 from anisotropy_spark.io import as_double_array, read_table, validate
 from anisotropy_spark.kmeans import ClusterRecenterEstimator
 from anisotropy_spark.session import get_spark
-from jobs.config import parse_args
+from jobs.config import parse_args, quarantine_problems
 
 
 @dataclasses.dataclass
@@ -56,9 +56,7 @@ class FitConfig:
     master: str | None = None
 
     def check(self) -> list[str]:
-        problems = []
-        if self.on_invalid == "quarantine" and not self.quarantine_path:
-            problems.append("on_invalid: quarantine needs quarantine_path")
+        problems = quarantine_problems(self)
         if self.D is not None and self.D < 0 or self.max_D is not None and self.max_D < 0:
             problems.append("D and max_D must be >= 0")
         if self.k is not None and self.k < 1:

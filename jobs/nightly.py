@@ -72,7 +72,7 @@ from anisotropy_spark.io import InvalidRowsError, TableRef, as_double_array, is_
 from anisotropy_spark.kmeans import ClusterRecenterEstimator, fit_kmeans, spark_cluster_diagnostics
 from anisotropy_spark.session import get_spark
 from jobs.apply import VERSION_COLUMN
-from jobs.config import ConfigError, config_hash, parse_args
+from jobs.config import ConfigError, config_hash, parse_args, quarantine_problems
 from jobs.fit import FitConfig, estimator_for
 
 log = logging.getLogger("anisotropy.nightly")
@@ -147,8 +147,7 @@ class NightlyConfig:
         problems = []
         if os.path.abspath(self.input) == os.path.abspath(self.output):
             problems.append("output must differ from input")
-        if self.on_invalid == "quarantine" and not self.quarantine_path:
-            problems.append("on_invalid: quarantine needs quarantine_path")
+        problems += quarantine_problems(self)
         if self.dimension is not None and self.dimension < 1:
             problems.append(f"dimension must be >= 1, got {self.dimension}")
         if self.abtt_D is not None and (self.abtt_D < 0 or self.dimension and self.abtt_D >= self.dimension):

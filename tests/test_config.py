@@ -62,3 +62,13 @@ def test_yaml_is_loaded_safely(tmp_path):
 def test_config_hash_is_stable_and_sensitive():
     a, b = Example(input="x"), Example(input="x", k=4)
     assert config_hash(a) == config_hash(Example(input="x")) and config_hash(a) != config_hash(b)
+
+
+def test_quarantine_needs_a_path():
+    from jobs.config import quarantine_problems
+    from jobs.diagnose import DiagnoseConfig
+
+    assert quarantine_problems(DiagnoseConfig(input="x", on_invalid="quarantine")) == [
+        "on_invalid: quarantine needs quarantine_path"]
+    assert quarantine_problems(DiagnoseConfig(input="x", on_invalid="quarantine", quarantine_path="q")) == []
+    assert quarantine_problems(DiagnoseConfig(input="x")) == []
