@@ -25,13 +25,12 @@ import datetime as _dt
 import hashlib
 import io
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from . import storage
 from .transforms import FittedTransform, from_parts
 
 FORMAT = "anisotropy-transform"
@@ -92,30 +91,29 @@ def build_manifest(transform: FittedTransform, n: int, fitted_on: dict | None = 
 
 
 def save_artifact(path: str, transform: FittedTransform, n: int, fitted_on: dict | None = None) -> dict:
-    """Write the artifact directory at ``path`` (created; existing files replaced) and return its manifest.
+    """Write the artifact directory at ``path`` (a local path or URI, see :mod:`anisotropy_core.storage`;
+    created; existing files replaced) and return its manifest.
 
-    Files are written to temporaries and renamed, manifest last, so a reader never sees a manifest that
-    points at arrays from another fit.
+    Files are written to temporaries and moved into place, manifest last, and loading verifies the content
+    hash, so a reader never uses a manifest with arrays from another fit (also on object stores).
     """
-    os.makedirs(path, exist_ok=True)
     manifest = build_manifest(transform, n, fitted_on)
     buffer = io.BytesIO()
     np.savez(buffer, **{k: np.ascontiguousarray(v, dtype=np.float64) for k, v in transform.arrays().items()})
-    _atomic_write(os.path.join(path, ARRAYS), buffer.getvalue())
-    _atomic_write(os.path.join(path, MANIFEST), json.dumps(manifest, indent=2, sort_keys=True).encode())
+    storage.write_atomic(storage.join(path, ARRAYS), buffer.getvalue())
+    storage.write_atomic(storage.join(path, MANIFEST), json.dumps(manifest, indent=2, sort_keys=True))
     return manifest
 
 
 def load_artifact(path: str, expected_dimension: int | None = None) -> Artifact:
     """Load and verify an artifact: format, array shapes, content hash and (optionally) input dimension."""
-    manifest_path = os.path.join(path, MANIFEST)
-    if not os.path.isfile(manifest_path):
+    manifest_path = storage.join(path, MANIFEST)
+    if not storage.is_file(manifest_path):
         raise ArtifactError(f"no transform artifact at {path}: {MANIFEST} not found")
-    with open(manifest_path, encoding="utf-8") as handle:
-        manifest = json.load(handle)
+    manifest = json.loads(storage.read_text(manifest_path))
     if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
         raise ArtifactError(f"{path}: not a {FORMAT} v{FORMAT_VERSION} artifact")
-    with np.load(os.path.join(path, ARRAYS), allow_pickle=False) as npz:
+    with np.load(io.BytesIO(storage.read_bytes(storage.join(path, ARRAYS))), allow_pickle=False) as npz:
         arrays = {name: npz[name] for name in npz.files}
     declared = {k: tuple(v["shape"]) for k, v in manifest["arrays"].items()}
     actual = {k: tuple(v.shape) for k, v in arrays.items()}
@@ -133,9 +131,3 @@ def load_artifact(path: str, expected_dimension: int | None = None) -> Artifact:
         artifact.check_dimension(expected_dimension)
     return artifact
 
-
-def _atomic_write(target: str, payload: bytes) -> None:
-    handle, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".tmp-")
-    with os.fdopen(handle, "wb") as out:
-        out.write(payload)
-    os.replace(tmp, target)

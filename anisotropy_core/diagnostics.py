@@ -7,7 +7,8 @@ number of eigenvalues above them, and the power-law slope of the spectrum.
 """
 from __future__ import annotations
 
-from typing import Mapping
+import dataclasses
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
@@ -83,12 +84,19 @@ def centred_spectrum(state: Moments) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(lam, 0.0, None), vecs
 
 
-def diagnose(data: Moments | np.ndarray) -> dict:
-    """Full anisotropy report of an embedding cloud.
+def _array() -> Any:
+    """A :class:`Diagnosis` field holding a numpy array (not a scalar metric; left out of equality)."""
+    return dataclasses.field(metadata={"array": True}, compare=False)
 
-    ``data``: a merged :class:`Moments` state or an (n, d) array of raw vectors.
-    Returns a dict with the seed's keys ``n, d, offset_ratio, anisotropy_A, isotropic_sd, top1_var,
-    top10_var, effective_rank, erank_frac`` and, in addition:
+
+@dataclasses.dataclass(frozen=True)
+class Diagnosis(Mapping):
+    """The report of :func:`diagnose`. Every field is a scalar metric (``scalars()``, in declaration order)
+    unless declared with ``_array()``; adding a metric is adding one field here and one value in
+    :func:`diagnose`. Read-only mapping access (``report["top1_var"]``) works as well as attributes.
+
+    The seed's numbers ``n, d, offset_ratio, anisotropy_A, isotropic_sd, top1_var, top10_var,
+    effective_rank, erank_frac`` and, in addition:
 
     * ``mean_norm_ratio`` — ‖μ‖ / mean ‖v‖, the raw mean's length relative to a typical vector,
     * ``spectrum`` — (d,) centred covariance eigenvalues, descending (1/n normalisation),
@@ -100,6 +108,65 @@ def diagnose(data: Moments | np.ndarray) -> dict:
     * ``power_law_alpha`` — fitted slope α of the log-log spectrum (see :func:`power_law_fit`),
     * ``u1`` — (d,) first principal direction, sign-canonicalised,
     * ``mean`` — (d,) raw mean μ (needed to project centred vectors onto u1).
+    """
+
+    n: int
+    d: int
+    offset_ratio: float
+    anisotropy_A: float
+    isotropic_sd: float
+    top1_var: float
+    top10_var: float
+    effective_rank: float
+    erank_frac: float
+    mean_norm_ratio: float
+    raw_top1_share: float
+    numerical_rank: int
+    mp_lower: float
+    mp_upper: float
+    mp_above_upper: int
+    power_law_alpha: float
+    spectrum: np.ndarray = _array()
+    u1: np.ndarray = _array()
+    mean: np.ndarray = _array()
+
+    @classmethod
+    def scalar_names(cls) -> tuple[str, ...]:
+        """The scalar metrics, in declaration order (what drift thresholds, bounds and metrics rows name)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if not f.metadata.get("array"))
+
+    @classmethod
+    def array_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("array"))
+
+    def scalars(self) -> dict[str, int | float]:
+        """{metric: plain Python number} of every scalar metric."""
+        return {name: plain_scalar(getattr(self, name)) for name in self.scalar_names()}
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict: the scalars plus every array as a list."""
+        return {**self.scalars(), **{name: np.asarray(getattr(self, name)).tolist() for name in self.array_names()}}
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._names():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    @classmethod
+    def _names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def diagnose(data: Moments | np.ndarray) -> Diagnosis:
+    """Full anisotropy report of an embedding cloud (see :class:`Diagnosis` for every field).
+
+    ``data``: a merged :class:`Moments` state or an (n, d) array of raw vectors.
     """
     state = data if isinstance(data, Moments) else Moments.of_batch(np.asarray(data))
     n, d = state.n, state.d
@@ -114,27 +181,27 @@ def diagnose(data: Moments | np.ndarray) -> dict:
     erank = effective_rank(lam)
     raw = np.linalg.eigvalsh(state.second_moment())
     mp_lower, mp_upper = marchenko_pastur_edges(n, d, variance=total / d)
-    return {
-        "n": int(n),
-        "d": int(d),
-        "offset_ratio": offset,
-        "anisotropy_A": float(anisotropy_from_offset(n, offset)),
-        "isotropic_sd": float(1.0 / np.sqrt(d)),
-        "top1_var": float(p[0]),
-        "top10_var": float(p[:10].sum()),
-        "effective_rank": erank,
-        "erank_frac": erank / d,
-        "mean_norm_ratio": float(np.linalg.norm(state.mean) / state.mean_norm()),
-        "spectrum": lam,
-        "raw_top1_share": float(raw[-1] / raw.sum()),
-        "numerical_rank": int((lam > RANK_TOLERANCE * lam[0]).sum()),
-        "mp_lower": mp_lower,
-        "mp_upper": mp_upper,
-        "mp_above_upper": int((lam > mp_upper).sum()),
-        "power_law_alpha": power_law_fit(lam)[0],
-        "u1": vecs[:, 0],
-        "mean": state.mean.copy(),
-    }
+    return Diagnosis(
+        n=int(n),
+        d=int(d),
+        offset_ratio=offset,
+        anisotropy_A=float(anisotropy_from_offset(n, offset)),
+        isotropic_sd=float(1.0 / np.sqrt(d)),
+        top1_var=float(p[0]),
+        top10_var=float(p[:10].sum()),
+        effective_rank=erank,
+        erank_frac=erank / d,
+        mean_norm_ratio=float(np.linalg.norm(state.mean) / state.mean_norm()),
+        raw_top1_share=float(raw[-1] / raw.sum()),
+        numerical_rank=int((lam > RANK_TOLERANCE * lam[0]).sum()),
+        mp_lower=mp_lower,
+        mp_upper=mp_upper,
+        mp_above_upper=int((lam > mp_upper).sum()),
+        power_law_alpha=power_law_fit(lam)[0],
+        spectrum=lam,
+        u1=vecs[:, 0],
+        mean=state.mean.copy(),
+    )
 
 
 def project_on_u1(vectors: np.ndarray, report: Mapping) -> np.ndarray:

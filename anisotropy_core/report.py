@@ -13,13 +13,14 @@ import base64
 import html
 import io
 import math
-import pathlib
+import os
 from typing import Mapping
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from . import storage
 from .diagnostics import RANK_TOLERANCE, power_law_fit, project_on_u1
 
 MAX_PAIRS = 20_000
@@ -223,17 +224,16 @@ td{{font-family:monospace}}img{{max-width:100%}}figure{{margin:1.5em 0}}</style>
 """
 
 
-def write_report_assets(report: Mapping, out_dir: str | pathlib.Path, samples: np.ndarray | None = None,
+def write_report_assets(report: Mapping, out_dir: str | os.PathLike, samples: np.ndarray | None = None,
                         metadata: Mapping[str, np.ndarray] | None = None, before: Mapping | None = None,
                         before_samples: np.ndarray | None = None, title: str = "Anisotropy report") -> dict[str, str]:
-    """Write the plots of ``report`` as PNGs plus ``report.html`` into ``out_dir``; returns {asset: path}.
+    """Write the plots of ``report`` as PNGs plus ``report.html`` into ``out_dir`` (a local path or URI, see
+    :mod:`anisotropy_core.storage`); returns {asset: path}.
 
     Always ``spectrum.png``; with ``samples`` (m, d) also ``cosines.png``; with samples and ``metadata``
     ({name: (m,)}) also ``u1_metadata.png``; with ``before`` (the report before a transform; ``report`` is
     the one after) also ``before_after.png`` (cosine panel when ``before_samples`` and ``samples`` are given).
     """
-    out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     figures = {"spectrum": ("Centred spectrum, Marchenko–Pastur band and power-law fit", spectrum_figure(report))}
     if samples is not None:
         figures["cosines"] = ("Sampled pairwise cosines vs isotropic N(0, 1/d)", cosine_histogram_figure(samples))
@@ -243,13 +243,14 @@ def write_report_assets(report: Mapping, out_dir: str | pathlib.Path, samples: n
     if before is not None:
         figures["before_after"] = ("Before / after the transform",
                                    before_after_figure(before, report, before_samples, samples))
+    base = os.fspath(out_dir)
     paths, images = {}, {}
     for name, (caption, fig) in figures.items():
         png = figure_png(fig)
-        path = out / f"{name}.png"
-        path.write_bytes(png)
-        paths[name], images[caption] = str(path), png
-    html_path = out / "report.html"
-    html_path.write_text(html_report(report, images, title), encoding="utf-8")
-    paths["html"] = str(html_path)
+        path = storage.join(base, f"{name}.png")
+        storage.write_atomic(path, png)
+        paths[name], images[caption] = path, png
+    html_path = storage.join(base, "report.html")
+    storage.write_atomic(html_path, html_report(report, images, title))
+    paths["html"] = html_path
     return paths

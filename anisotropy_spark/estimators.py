@@ -21,7 +21,6 @@ return it for such artifacts.
 from __future__ import annotations
 
 import importlib
-import os
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -36,6 +35,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DoubleType, StructField, StructType
 
+from anisotropy_core import storage
 from anisotropy_core.artifact import Artifact, ArtifactError, build_manifest, load_artifact, save_artifact
 from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import DEFAULT_EPS, FittedTransform, fit_abtt, fit_center, fit_whitening
@@ -296,7 +296,7 @@ class _CorrectionReader(MLReader):
 
     def load(self, path: str) -> CorrectionModel:
         model = self.cls.from_artifact(load_artifact(path))
-        if os.path.isdir(os.path.join(path, "metadata")):
+        if storage.exists(storage.join(path, "metadata")):
             metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
             model._resetUid(metadata["uid"])
             DefaultParamsReader.getAndSetParams(model, metadata)

@@ -10,7 +10,6 @@ quarantines the invalid rows with their reason into a table and reports the coun
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from pyspark.ml.functions import vector_to_array
@@ -36,13 +35,17 @@ class TableRef:
     version: int | None
 
 
-def is_delta_table(path: str) -> bool:
-    return os.path.isdir(os.path.join(path, "_delta_log")) or "://" in path and path.rstrip("/").endswith(".delta")
+def is_delta_table(spark: SparkSession, path: str) -> bool:
+    """True when ``path`` (local or any URI Hadoop resolves: ``file://``, ``s3a://``, ``gs://``, ``hdfs://``)
+    is the root of a Delta table, asked of Delta itself (``DeltaTable.isDeltaTable``)."""
+    from delta.tables import DeltaTable
+
+    return bool(DeltaTable.isDeltaTable(spark, path))
 
 
 def read_table(spark: SparkSession, path: str, version: int | None = None) -> tuple[DataFrame, TableRef]:
     """Read a Delta (pinned to ``version``, default the latest at call time) or Parquet table."""
-    if is_delta_table(path):
+    if is_delta_table(spark, path):
         pinned = version if version is not None else latest_delta_version(spark, path)
         df = spark.read.format("delta").option("versionAsOf", pinned).load(path)
         return df, TableRef(path, "delta", pinned)

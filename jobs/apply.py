@@ -65,7 +65,7 @@ class ApplyConfig:
 
 def latest_commit(spark: SparkSession, path: str) -> tuple[int, dict] | None:
     """(version, parsed userMetadata or {}) of the latest commit of the Delta table ``path``; None if absent."""
-    if not is_delta_table(path):
+    if not is_delta_table(spark, path):
         return None
     from delta.tables import DeltaTable
 

@@ -49,7 +49,7 @@ class DemoConfig:
 
 def load_corpus(spark: SparkSession, config: DemoConfig) -> None:
     """Write the bundled corpus's ``layer`` rows to the Delta ``corpus_table`` unless it already exists."""
-    if is_delta_table(config.corpus_table):
+    if is_delta_table(spark, config.corpus_table):
         print(f"corpus table {config.corpus_table} exists; reusing it")
         return
     rows = spark.read.parquet(config.corpus_parquet).where(F.col("layer") == config.layer)

@@ -37,8 +37,7 @@ def test_pair_cosines_all_pairs_and_sampled():
 def test_write_report_assets_writes_every_picture_and_html(tmp_path, corpus):
     x, metadata = corpus
     before = diagnose(x)
-    after = diagnose(x - x.mean(0))
-    after["sampling"] = {"A_z": 0.3, "method": "simulation"}
+    after = {**diagnose(x - x.mean(0)), "sampling": {"A_z": 0.3, "method": "simulation"}}
     paths = write_report_assets(after, tmp_path, samples=(x - x.mean(0))[:600],
                                 metadata={k: v[:600] for k, v in metadata.items()},
                                 before=before, before_samples=x[:600], title="Demo <corpus>")
@@ -56,7 +55,7 @@ def test_write_report_assets_writes_every_picture_and_html(tmp_path, corpus):
 
 def test_report_assets_from_json_report_and_minimal_inputs(tmp_path, corpus):
     x, _ = corpus
-    as_json = json.loads(json.dumps(diagnose(x), default=lambda a: a.tolist()))
+    as_json = json.loads(json.dumps(diagnose(x).to_json()))
     paths = write_report_assets(as_json, tmp_path)
     assert set(paths) == {"spectrum", "html"}
     assert (tmp_path / "spectrum.png").read_bytes().startswith(PNG_MAGIC)
