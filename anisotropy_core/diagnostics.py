@@ -73,14 +73,17 @@ def canonical_sign(vector: np.ndarray) -> np.ndarray:
     return vector if vector[pivot] >= 0 else -vector
 
 
-def centred_spectrum(state: Moments) -> tuple[np.ndarray, np.ndarray]:
-    """Eigen-decomposition of the centred covariance: (eigenvalues (d,), eigenvectors (d, d)) descending.
+def descending_eigh(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Eigen-decomposition of a symmetric (d, d) ``matrix``: (eigenvalues (d,), eigenvectors (d, d) as
+    columns), descending, every column sign-canonicalised with :func:`canonical_sign`."""
+    lam, vecs = np.linalg.eigh(matrix)
+    lam, vecs = lam[::-1].copy(), vecs[:, ::-1]
+    return lam, np.stack([canonical_sign(vecs[:, j]) for j in range(vecs.shape[1])], axis=1)
 
-    Columns of the eigenvector matrix are sign-canonicalised with :func:`canonical_sign`.
-    """
-    lam, vecs = np.linalg.eigh(state.covariance())
-    lam, vecs = lam[::-1], vecs[:, ::-1]
-    vecs = np.stack([canonical_sign(vecs[:, j]) for j in range(vecs.shape[1])], axis=1)
+
+def centred_spectrum(state: Moments) -> tuple[np.ndarray, np.ndarray]:
+    """Eigen-decomposition of the centred covariance (:func:`descending_eigh`), eigenvalues clipped at 0."""
+    lam, vecs = descending_eigh(state.covariance())
     return np.clip(lam, 0.0, None), vecs
 
 

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .diagnostics import centred_spectrum, marchenko_pastur_edges
+from .diagnostics import centred_spectrum, descending_eigh, marchenko_pastur_edges
 from .moments import Moments
 
 REGISTRY: dict[str, type["FittedTransform"]] = {}
@@ -310,8 +310,7 @@ def fit_whitening(state: Moments, k: int | None = None, shrinkage: float = 0.0, 
     cov = state.covariance()
     if shrinkage:
         cov = (1.0 - shrinkage) * cov + shrinkage * np.trace(cov) / d * np.eye(d)
-    lam, vecs = np.linalg.eigh(cov)
-    lam, vecs = lam[::-1].copy(), vecs[:, ::-1]
+    lam, vecs = descending_eigh(cov)                     # sign-canonical columns, like ABTT's
     floor = eps * lam[0]
     kept = np.maximum(lam[:k], floor)
     clamped = int((lam[:k] < floor).sum())

@@ -21,18 +21,15 @@ return it for such artifacts.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
-from pyspark.ml.param import Param, Params, TypeConverters
-from pyspark.ml.param.shared import HasInputCol, HasOutputCol
 from pyspark.ml.util import (DefaultParamsReadable, DefaultParamsReader, DefaultParamsWritable,
                              DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter)
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DoubleType, StructField, StructType
 
 from anisotropy_core import storage
@@ -43,24 +40,90 @@ from anisotropy_core.transforms import DEFAULT_EPS, FittedTransform, fit_abtt, f
 from .arrow import batch_matrix, matrix_column
 from .io import TableRef, as_double_array, infer_dimension
 from .moments import corpus_moments
+from .params import _AllButTheTopParams, _CorrectionParams, _WhiteningParams, param_name
 
 
-class _CorrectionParams(HasInputCol, HasOutputCol):
-    """inputCol (default ``vector``: array<float|double> or VectorUDT), outputCol (default ``corrected``)."""
+_MODEL_CLASSES: dict[str, type["CorrectionModel"]] = {}
+_ESTIMATOR_CLASSES: dict[str, type["CorrectionEstimator"]] = {}
+# methods whose classes live in another module of this package: imported on first use, so
+# ``estimator_for`` and ``CorrectionModel.from_artifact`` work without the caller importing that module
+_METHOD_MODULES = {"cluster_recenter": "anisotropy_spark.kmeans"}
 
-    def __init__(self, *args: Any):
-        super().__init__(*args)
-        self._setDefault(inputCol="vector", outputCol="corrected")
+
+def _registered(table: dict[str, type], method: str) -> type | None:
+    if method not in table and method in _METHOD_MODULES:
+        importlib.import_module(_METHOD_MODULES[method])
+    return table.get(method)
+
+
+def register_estimator(method: str) -> Callable[[type], type]:
+    """Class decorator: ``estimator_for(method, ...)`` builds this :class:`CorrectionEstimator` subclass.
+    A new correction registers its Estimator here and its Model with :func:`register_model_class`."""
+
+    def decorate(estimator_cls: type) -> type:
+        _ESTIMATOR_CLASSES[method] = estimator_cls
+        return estimator_cls
+
+    return decorate
+
+
+def estimator_for(method: str, params: Mapping[str, Any] | None = None,
+                  input_col: str = "vector") -> "CorrectionEstimator":
+    """The Estimator of correction ``method`` reading ``input_col``, with ``params`` given by config key
+    (snake_case, e.g. ``{"D": 3, "max_D": 5}`` or ``{"k": 8, "distance_measure": "cosine"}``: see
+    :func:`~anisotropy_spark.params.param_name`); None values keep the Param's default."""
+    estimator_cls = _registered(_ESTIMATOR_CLASSES, method)
+    if estimator_cls is None:
+        raise ValueError(f"unknown correction method {method!r}; registered: {registered_methods()}")
+    estimator = estimator_cls(inputCol=input_col)
+    for key, value in (params or {}).items():
+        name = param_name(key)
+        if not estimator.hasParam(name):
+            raise ValueError(f"{method}: unknown parameter {key!r}; "
+                             f"known: {sorted(p.name for p in estimator.params)}")
+        if value is not None:
+            estimator._set(**{name: value})
+    return estimator
+
+
+def registered_methods() -> list[str]:
+    """Every correction method with a registered Estimator (including those of lazily imported modules)."""
+    for module in set(_METHOD_MODULES.values()):
+        importlib.import_module(module)
+    return sorted(_ESTIMATOR_CLASSES)
+
+
+def register_model_class(method: str) -> Callable[[type["CorrectionModel"]], type["CorrectionModel"]]:
+    """Class decorator: artifacts of transform ``method`` load as this :class:`CorrectionModel` subclass."""
+
+    def decorate(model_cls: type["CorrectionModel"]) -> type["CorrectionModel"]:
+        if not issubclass(model_cls, CorrectionModel):
+            raise TypeError(f"{model_cls.__name__} is not a CorrectionModel")
+        _MODEL_CLASSES[method] = model_cls
+        return model_cls
+
+    return decorate
+
+
+def model_class_for(method: str) -> type["CorrectionModel"]:
+    """The model class registered for transform ``method``; :class:`CorrectionModel` for any other method."""
+    return _registered(_MODEL_CLASSES, method) or CorrectionModel
 
 
 class CorrectionEstimator(Estimator, _CorrectionParams, DefaultParamsReadable, DefaultParamsWritable):
     """Base Estimator: reads ``inputCol``, infers d, delegates the math to ``_fit_transform``.
 
     ``model_class``: the :class:`CorrectionModel` (sub)class ``fit`` returns; every param the model shares
-    with the estimator by name (inputCol, outputCol, a subclass's extra output columns) is copied over.
+    with the estimator by name (the columns and, for a method's own model class, its Params) is copied over.
     """
 
     model_class: type["CorrectionModel"]   # set below, once CorrectionModel exists
+
+    def setInputCol(self, value: str):
+        return self._set(inputCol=value)
+
+    def setOutputCol(self, value: str):
+        return self._set(outputCol=value)
 
     def _fit(self, dataset: DataFrame) -> "CorrectionModel":
         col = self.getInputCol()
@@ -79,63 +142,86 @@ class CorrectionEstimator(Estimator, _CorrectionParams, DefaultParamsReadable, D
         raise NotImplementedError
 
 
+@register_estimator("center")
 class CenterEstimator(CorrectionEstimator):
     """Subtract the corpus mean."""
 
     @keyword_only
     def __init__(self, *, inputCol: str | None = None, outputCol: str | None = None):
         super().__init__()
-        self._set(**self._input_kwargs)
+        self.setParams(**self._input_kwargs)
+
+    @keyword_only
+    def setParams(self, *, inputCol: str | None = None, outputCol: str | None = None) -> "CenterEstimator":
+        return self._set(**self._input_kwargs)
 
     def _fit_moments(self, state):
         return fit_center(state)
 
 
-class AllButTheTopEstimator(CorrectionEstimator):
+@register_estimator("abtt")
+class AllButTheTopEstimator(CorrectionEstimator, _AllButTheTopParams):
     """Centre, then remove the top-D directions of the centred covariance (seed chapter 3).
 
     ``D`` (default None = choose by measurement: eigenvalues above the Marchenko–Pastur edge, capped at
     ``maxD``, default round(d/100); d/100 when n ≤ d). The fitted model's ``transform_.d_rule`` says which.
     """
 
-    D = Param(Params._dummy(), "D", "directions to remove; None = Marchenko–Pastur count (capped)",
-              typeConverter=TypeConverters.toInt)
-    maxD = Param(Params._dummy(), "maxD", "cap on the measured D; None = max(1, round(d/100))",
-                 typeConverter=TypeConverters.toInt)
-
     @keyword_only
     def __init__(self, *, inputCol: str | None = None, outputCol: str | None = None,
                  D: int | None = None, maxD: int | None = None):
         super().__init__()
-        self._setDefault(D=None, maxD=None)
-        self._set(**self._input_kwargs)
+        self.setParams(**self._input_kwargs)
+
+    @keyword_only
+    def setParams(self, *, inputCol: str | None = None, outputCol: str | None = None,
+                  D: int | None = None, maxD: int | None = None) -> "AllButTheTopEstimator":
+        return self._set(**self._input_kwargs)
+
+    def setD(self, value: int | None) -> "AllButTheTopEstimator":
+        return self._set(D=value)
+
+    def setMaxD(self, value: int | None) -> "AllButTheTopEstimator":
+        return self._set(maxD=value)
 
     def _fit_moments(self, state):
-        return fit_abtt(state, D=self.getOrDefault(self.D), max_D=self.getOrDefault(self.maxD))
+        return fit_abtt(state, D=self.getD(), max_D=self.getMaxD())
 
 
-class WhiteningEstimator(CorrectionEstimator):
+@register_estimator("whitening")
+class WhiteningEstimator(CorrectionEstimator, _WhiteningParams):
     """Whitening-k (seed chapter 6): W = U_k Λ_k^{-1/2}, optional shrinkage, clamp, ZCA, L2 output."""
-
-    k = Param(Params._dummy(), "k", "kept directions; None = d", typeConverter=TypeConverters.toInt)
-    shrinkage = Param(Params._dummy(), "shrinkage", "α: Σ ← (1−α)Σ + α tr(Σ)/d I",
-                      typeConverter=TypeConverters.toFloat)
-    eps = Param(Params._dummy(), "eps", "relative eigenvalue clamp (· λ1)", typeConverter=TypeConverters.toFloat)
-    zca = Param(Params._dummy(), "zca", "symmetric W = UΛ^-1/2Uᵀ", typeConverter=TypeConverters.toBoolean)
-    normalize = Param(Params._dummy(), "normalize", "L2-normalise the output",
-                      typeConverter=TypeConverters.toBoolean)
 
     @keyword_only
     def __init__(self, *, inputCol: str | None = None, outputCol: str | None = None, k: int | None = None,
                  shrinkage: float = 0.0, eps: float = DEFAULT_EPS, zca: bool = False, normalize: bool = False):
         super().__init__()
-        self._setDefault(k=None, shrinkage=0.0, eps=DEFAULT_EPS, zca=False, normalize=False)
-        self._set(**self._input_kwargs)
+        self.setParams(**self._input_kwargs)
+
+    @keyword_only
+    def setParams(self, *, inputCol: str | None = None, outputCol: str | None = None, k: int | None = None,
+                  shrinkage: float = 0.0, eps: float = DEFAULT_EPS, zca: bool = False,
+                  normalize: bool = False) -> "WhiteningEstimator":
+        return self._set(**self._input_kwargs)
+
+    def setK(self, value: int | None) -> "WhiteningEstimator":
+        return self._set(k=value)
+
+    def setShrinkage(self, value: float) -> "WhiteningEstimator":
+        return self._set(shrinkage=value)
+
+    def setEps(self, value: float) -> "WhiteningEstimator":
+        return self._set(eps=value)
+
+    def setZca(self, value: bool) -> "WhiteningEstimator":
+        return self._set(zca=value)
+
+    def setNormalize(self, value: bool) -> "WhiteningEstimator":
+        return self._set(normalize=value)
 
     def _fit_moments(self, state):
-        get = self.getOrDefault
-        return fit_whitening(state, k=get(self.k), shrinkage=get(self.shrinkage), eps=get(self.eps),
-                             zca=get(self.zca), normalize=get(self.normalize))
+        return fit_whitening(state, k=self.getK(), shrinkage=self.getShrinkage(), eps=self.getEps(),
+                             zca=self.getZca(), normalize=self.getNormalize())
 
 
 class CorrectionModel(Model, _CorrectionParams, MLReadable, MLWritable):
@@ -160,7 +246,8 @@ class CorrectionModel(Model, _CorrectionParams, MLReadable, MLWritable):
             raise ArtifactError(f"a {artifact.transform.method} artifact loads as {model_cls.__name__}, "
                                 f"not as {cls.__name__}")
         model = model_cls(artifact.transform, artifact.manifest["n"], artifact.manifest["fitted_on"])
-        return model._set(inputCol=inputCol, outputCol=outputCol)
+        fitted = {name: value for name, value in artifact.transform.params().items() if model.hasParam(name)}
+        return model._set(**fitted, inputCol=inputCol, outputCol=outputCol)
 
     def setFittedOn(self, table: TableRef) -> "CorrectionModel":
         self.fitted_on = {"path": table.path, "format": table.format, "version": table.version}
@@ -171,6 +258,11 @@ class CorrectionModel(Model, _CorrectionParams, MLReadable, MLWritable):
 
     def setOutputCol(self, value: str) -> "CorrectionModel":
         return self._set(outputCol=value)
+
+    @keyword_only
+    def setParams(self, *, inputCol: str | None = None, outputCol: str | None = None) -> "CorrectionModel":
+        """The model's settable Params: its columns (the fitted Params are read-only on a model)."""
+        return self._set(**self._input_kwargs)
 
     @property
     def transform_version(self) -> str:
@@ -188,12 +280,10 @@ class CorrectionModel(Model, _CorrectionParams, MLReadable, MLWritable):
         return None
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
+        """Only builds the plan (no Spark job): a vector whose dimension is not the transform's ``d_in``
+        fails the action that runs it, naming the batch row."""
         col, out = self.getInputCol(), self.getOutputCol()
         df = as_double_array(dataset, col)
-        first = df.where(F.col(col).isNotNull()).select(F.size(col).alias("d")).first()
-        if first is not None and first["d"] != self.transform_.d_in:
-            raise ArtifactError(f"column {col!r} holds vectors of dimension {first['d']} but the "
-                                f"{self.transform_.method} transform was fitted on dimension {self.transform_.d_in}")
         extra = self.extra_output_fields()
         written = {out, *(f.name for f in extra)}
         fields = [f for f in df.schema.fields if f.name not in written]
@@ -253,29 +343,19 @@ def row_context(batch: pa.RecordBatch, row: int | None, vector_col: str) -> str:
 
 CorrectionEstimator.model_class = CorrectionModel
 
-_MODEL_CLASSES: dict[str, type[CorrectionModel]] = {}
-# methods whose model class lives in another module of this package: imported on first use, so
-# ``CorrectionModel.from_artifact`` works without the caller importing that module
-_MODEL_MODULES = {"cluster_recenter": "anisotropy_spark.kmeans"}
+
+@register_model_class("abtt")
+class AllButTheTopModel(CorrectionModel, _AllButTheTopParams):
+    """Fitted All-but-the-Top; ``getD()`` is the number of directions removed."""
 
 
-def register_model_class(method: str) -> Callable[[type[CorrectionModel]], type[CorrectionModel]]:
-    """Class decorator: artifacts of transform ``method`` load as this :class:`CorrectionModel` subclass."""
-
-    def decorate(model_cls: type[CorrectionModel]) -> type[CorrectionModel]:
-        if not issubclass(model_cls, CorrectionModel):
-            raise TypeError(f"{model_cls.__name__} is not a CorrectionModel")
-        _MODEL_CLASSES[method] = model_cls
-        return model_cls
-
-    return decorate
+@register_model_class("whitening")
+class WhiteningModel(CorrectionModel, _WhiteningParams):
+    """Fitted whitening-k; ``getK()`` is the number of kept directions."""
 
 
-def model_class_for(method: str) -> type[CorrectionModel]:
-    """The model class registered for transform ``method``; :class:`CorrectionModel` for any other method."""
-    if method not in _MODEL_CLASSES and method in _MODEL_MODULES:
-        importlib.import_module(_MODEL_MODULES[method])
-    return _MODEL_CLASSES.get(method, CorrectionModel)
+AllButTheTopEstimator.model_class = AllButTheTopModel
+WhiteningEstimator.model_class = WhiteningModel
 
 
 class _CorrectionWriter(MLWriter):

@@ -20,7 +20,6 @@ from typing import Any, Callable, Iterator, NamedTuple
 import numpy as np
 import pyarrow as pa
 from pyspark import RDD, StorageLevel, keyword_only
-from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.sql import DataFrame
 from pyspark.sql.types import IntegerType, StructField
 
@@ -32,8 +31,9 @@ from anisotropy_core.clustering import (DEFAULT_INIT_STEPS, DEFAULT_MAX_ITER, DE
 from anisotropy_core.moments import Moments
 
 from .arrow import batch_matrix
-from .estimators import BatchOutputs, CorrectionEstimator, CorrectionModel, register_model_class
+from .estimators import BatchOutputs, CorrectionEstimator, CorrectionModel, register_estimator, register_model_class
 from .io import infer_dimension
+from .params import _ClusterRecenterParams
 
 PACKED_SCHEMA = pa.schema([("packed", pa.binary())])
 TREE_DEPTH = 2
@@ -213,27 +213,24 @@ def spark_cluster_diagnostics(df: DataFrame, vector_col: str, centroids: np.ndar
 
 
 @register_model_class(ClusterRecenter.method)
-class ClusterRecenterModel(CorrectionModel):
+class ClusterRecenterModel(CorrectionModel, _ClusterRecenterParams):
     """Fitted cluster recentering: ``transform(df)`` writes ``outputCol`` (array<double>, corrected vector)
-    and ``clusterCol`` (int, the cluster the vector landed in), keeping every other column. Saves and loads
-    as the shared artifact (method ``cluster_recenter``) plus pyspark.ml metadata; registered for that method,
-    so ``CorrectionModel.from_artifact`` / ``CorrectionModel.load`` of such an artifact return this class."""
+    and ``predictionCol`` (int, the cluster the vector landed in; default ``cluster_id``), keeping every other
+    column. Saves and loads as the shared artifact (method ``cluster_recenter``) plus pyspark.ml metadata;
+    registered for that method, so ``CorrectionModel.from_artifact`` / ``CorrectionModel.load`` of such an
+    artifact return this class."""
 
-    clusterCol = Param(Params._dummy(), "clusterCol", "output column of cluster ids",
-                       typeConverter=TypeConverters.toString)
+    def setPredictionCol(self, value: str) -> "ClusterRecenterModel":
+        return self._set(predictionCol=value)
 
-    def __init__(self, transform: ClusterRecenter | None = None, n: int = 0, fitted_on: dict | None = None):
-        super().__init__(transform, n, fitted_on)
-        self._setDefault(clusterCol="cluster_id")
-
-    def setClusterCol(self, value: str) -> "ClusterRecenterModel":
-        return self._set(clusterCol=value)
-
-    def getClusterCol(self) -> str:
-        return self.getOrDefault(self.clusterCol)
+    @keyword_only
+    def setParams(self, *, inputCol: str | None = None, outputCol: str | None = None,
+                  predictionCol: str | None = None) -> "ClusterRecenterModel":
+        """The model's settable Params: its columns (the fitted Params are read-only on a model)."""
+        return self._set(**self._input_kwargs)
 
     def extra_output_fields(self) -> list[StructField]:
-        return [StructField(self.getClusterCol(), IntegerType(), True)]
+        return [StructField(self.getPredictionCol(), IntegerType(), True)]
 
     def batch_outputs(self) -> BatchOutputs:
         return cluster_outputs(self.transform_)
@@ -250,49 +247,62 @@ def cluster_outputs(transform: ClusterRecenter) -> BatchOutputs:
     return run
 
 
-class ClusterRecenterEstimator(CorrectionEstimator):
+@register_estimator(ClusterRecenter.method)
+class ClusterRecenterEstimator(CorrectionEstimator, _ClusterRecenterParams):
     """Cluster-wise recentering (seed chapter 7): k-means with modest ``k``, then one mean — and optionally
     the top ``D`` within-cluster directions — per cluster. ``fit`` returns a :class:`ClusterRecenterModel`.
-
-    Params: ``k`` (default 8), ``D`` directions removed per cluster (default 0), ``distanceMeasure``
-    (``euclidean`` | ``cosine``), ``seed``, ``maxIter``, ``tol`` (relative inertia change), ``initSteps``
-    (k-means|| rounds), ``clusterCol`` (output cluster-id column of the model, default ``cluster_id``).
+    Params: see :class:`~anisotropy_spark.params._ClusterRecenterParams`.
     """
 
-    k = Param(Params._dummy(), "k", "number of clusters", typeConverter=TypeConverters.toInt)
-    D = Param(Params._dummy(), "D", "top within-cluster directions removed per cluster",
-              typeConverter=TypeConverters.toInt)
-    distanceMeasure = Param(Params._dummy(), "distanceMeasure", "euclidean | cosine",
-                            typeConverter=TypeConverters.toString)
-    seed = Param(Params._dummy(), "seed", "random seed of the k-means|| initialisation",
-                 typeConverter=TypeConverters.toInt)
-    maxIter = Param(Params._dummy(), "maxIter", "maximum Lloyd iterations", typeConverter=TypeConverters.toInt)
-    tol = Param(Params._dummy(), "tol", "relative inertia change that stops Lloyd",
-                typeConverter=TypeConverters.toFloat)
-    initSteps = Param(Params._dummy(), "initSteps", "k-means|| rounds", typeConverter=TypeConverters.toInt)
-    clusterCol = Param(Params._dummy(), "clusterCol", "output column of cluster ids",
-                       typeConverter=TypeConverters.toString)
     model_class = ClusterRecenterModel
 
     @keyword_only
     def __init__(self, *, inputCol: str | None = None, outputCol: str | None = None, k: int = 8, D: int = 0,
                  distanceMeasure: str = "euclidean", seed: int = 0, maxIter: int = DEFAULT_MAX_ITER,
-                 tol: float = DEFAULT_TOL, initSteps: int = DEFAULT_INIT_STEPS, clusterCol: str = "cluster_id"):
+                 tol: float = DEFAULT_TOL, initSteps: int = DEFAULT_INIT_STEPS, predictionCol: str = "cluster_id"):
         super().__init__()
-        self._setDefault(k=8, D=0, distanceMeasure="euclidean", seed=0, maxIter=DEFAULT_MAX_ITER, tol=DEFAULT_TOL,
-                         initSteps=DEFAULT_INIT_STEPS, clusterCol="cluster_id")
-        self._set(**self._input_kwargs)
+        self.setParams(**self._input_kwargs)
+
+    @keyword_only
+    def setParams(self, *, inputCol: str | None = None, outputCol: str | None = None, k: int = 8, D: int = 0,
+                  distanceMeasure: str = "euclidean", seed: int = 0, maxIter: int = DEFAULT_MAX_ITER,
+                  tol: float = DEFAULT_TOL, initSteps: int = DEFAULT_INIT_STEPS,
+                  predictionCol: str = "cluster_id") -> "ClusterRecenterEstimator":
+        return self._set(**self._input_kwargs)
+
+    def setK(self, value: int) -> "ClusterRecenterEstimator":
+        return self._set(k=value)
+
+    def setD(self, value: int) -> "ClusterRecenterEstimator":
+        return self._set(D=value)
+
+    def setDistanceMeasure(self, value: str) -> "ClusterRecenterEstimator":
+        return self._set(distanceMeasure=value)
+
+    def setSeed(self, value: int) -> "ClusterRecenterEstimator":
+        return self._set(seed=value)
+
+    def setMaxIter(self, value: int) -> "ClusterRecenterEstimator":
+        return self._set(maxIter=value)
+
+    def setTol(self, value: float) -> "ClusterRecenterEstimator":
+        return self._set(tol=value)
+
+    def setInitSteps(self, value: int) -> "ClusterRecenterEstimator":
+        return self._set(initSteps=value)
+
+    def setPredictionCol(self, value: str) -> "ClusterRecenterEstimator":
+        return self._set(predictionCol=value)
 
     def _fit_transform(self, vectors: DataFrame, col: str, d: int) -> tuple[ClusterRecenter, int]:
-        get = self.getOrDefault
-        metric = check_metric(get(self.distanceMeasure))
+        metric = check_metric(self.getDistanceMeasure())
         blocks = vector_blocks(vectors, col, d, metric).persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            result = fit_kmeans_blocks(blocks, d, get(self.k), metric, get(self.seed), get(self.maxIter),
-                                       get(self.tol), get(self.initSteps), DEFAULT_OVERSAMPLING, None)
+            result = fit_kmeans_blocks(blocks, d, self.getK(), metric, self.getSeed(), self.getMaxIter(),
+                                       self.getTol(), self.getInitSteps(), DEFAULT_OVERSAMPLING, None)
             states = cluster_moments_pass(blocks, result.centroids, metric)
         finally:
             blocks.unpersist()
-        transform = ClusterRecenter.from_moments(result.centroids, states, get(self.D), metric,
+        transform = ClusterRecenter.from_moments(result.centroids, states, self.getD(), metric,
                                                  kmeans_info(result))
         return transform, int(transform.sizes.sum())

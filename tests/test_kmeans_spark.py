@@ -67,7 +67,7 @@ def test_inertia_within_one_percent_of_spark_ml(spark, metric):
 def test_cluster_recenter_fit_transform_save_load(spark, tmp_path):
     X, labels = mixture(1200, 6, (0.8, 0.2), separation=6.0, spread=0.5, seed=4)   # no overlap
     df = frame(spark, X, labels)
-    model = ClusterRecenterEstimator(k=2, D=1, seed=3, clusterCol="cluster").fit(df)
+    model = ClusterRecenterEstimator(k=2, D=1, seed=3, predictionCol="cluster").fit(df)
     assert isinstance(model, ClusterRecenterModel)
     transform = model.transform_
     assert transform.method == "cluster_recenter" and transform.k == 2 and transform.n_directions == 1
@@ -85,7 +85,7 @@ def test_cluster_recenter_fit_transform_save_load(spark, tmp_path):
     path = str(tmp_path / "cluster_recenter")
     model.save(path)
     loaded = ClusterRecenterModel.load(path)
-    assert loaded.getOrDefault(loaded.clusterCol) == "cluster" and loaded.getOutputCol() == "corrected"
+    assert loaded.getOrDefault(loaded.predictionCol) == "cluster" and loaded.getOutputCol() == "corrected"
     assert loaded.transform_version == model.transform_version
     again = loaded.transform(df).orderBy("id").collect()
     assert np.array_equal(np.array([r["corrected"] for r in again]), corrected)
@@ -95,7 +95,7 @@ def test_cluster_recenter_fit_transform_save_load(spark, tmp_path):
 
     # the generic entry points (jobs/apply.py, jobs/nightly.py) pick the registered model class
     generic = CorrectionModel.load(path)
-    assert type(generic) is ClusterRecenterModel and generic.getClusterCol() == "cluster"
+    assert type(generic) is ClusterRecenterModel and generic.getPredictionCol() == "cluster"
     from_artifact = CorrectionModel.from_artifact(load_artifact(path), "vector", "fixed")
     assert type(from_artifact) is ClusterRecenterModel
     rows = from_artifact.transform(df).orderBy("id").collect()
