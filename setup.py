@@ -6,6 +6,7 @@ setup(
     description="Diagnose and correct the geometry (narrow cone / anisotropy) of embedding corpora on Spark + Delta Lake",
     packages=find_packages(include=["anisotropy_core*", "anisotropy_spark*", "jobs*"]),
     python_requires=">=3.10",
+    entry_points={"console_scripts": ["anisotropy=jobs.cli:main"]},
     install_requires=[
         "numpy>=1.26",
         "pyarrow>=15",

@@ -82,8 +82,18 @@ def estimator_for(method: str, params: Mapping[str, Any] | None = None,
             raise ValueError(f"{method}: unknown parameter {key!r}; "
                              f"known: {sorted(p.name for p in estimator.params)}")
         if value is not None:
-            estimator._set(**{name: value})
+            try:
+                estimator._set(**{name: value})
+            except TypeError as exc:
+                raise ValueError(f"{method}.{key}: {exc}") from exc
     return estimator
+
+
+def method_params(method: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of ``settings`` (config keys) that name a Param of ``method``'s Estimator — what a job
+    config holding the settings of several methods passes to :func:`estimator_for`."""
+    estimator = estimator_for(method, {})
+    return {key: value for key, value in settings.items() if estimator.hasParam(param_name(key))}
 
 
 def registered_methods() -> list[str]:

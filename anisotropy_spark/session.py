@@ -4,6 +4,9 @@
   :func:`get_spark` just returns the active session: nothing is overridden.
 * Embedded (plain ``python -m jobs.…``): it builds a ``local[*]`` session (or ``master``) with the Delta
   jars fetched by ``make setup`` into ``.jars/`` so no network is needed at run time.
+
+Either way Spark logs at WARN (no query-plan dumps), and Spark's console progress bar for long stages is
+on only when stderr is a terminal.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from pyspark.sql import SparkSession
 
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+LOG_LEVEL = "WARN"
 DELTA_MAVEN_COORDINATE = "io.delta:delta-spark_2.13:4.0.0"
 JAR_DIR = pathlib.Path(os.environ.get("ANISOTROPY_JAR_DIR", pathlib.Path(__file__).resolve().parent.parent / ".jars"))
 
@@ -40,13 +44,14 @@ def get_spark(app_name: str = "anisotropy", master: str | None = None,
     """
     active = SparkSession.getActiveSession()
     if active is not None:
+        active.sparkContext.setLogLevel(LOG_LEVEL)
         return active
     builder = (
         SparkSession.builder.appName(app_name)
         .config("spark.sql.extensions", DELTA_EXTENSION)
         .config("spark.sql.catalog.spark_catalog", DELTA_CATALOG)
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.ui.showConsoleProgress", str(sys.stderr.isatty()).lower())
     )
     if not _launched_by_spark_submit():
         # embedded: Python workers run this interpreter (its numpy/pyarrow), the Delta jars come from .jars/;
@@ -56,7 +61,9 @@ def get_spark(app_name: str = "anisotropy", master: str | None = None,
                    .config("spark.jars", ",".join(delta_jars())))
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(LOG_LEVEL)
+    return spark
 
 
 def _launched_by_spark_submit() -> bool:

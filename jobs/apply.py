@@ -1,6 +1,7 @@
 """Apply job: write a corrected copy of an embedding table with a saved transform artifact.
 
-    python -m jobs.apply --conf conf/apply.yaml [--input PATH] [--input-version V] [--artifact DIR] ...
+    anisotropy apply --conf conf/apply.yaml [--input PATH] [--input-version V] [--artifact DIR] ...
+    python -m jobs.apply --conf conf/apply.yaml ...
 
 Reads ``input`` pinned to one Delta version, validates it (the io contract; the table's dimension must be
 the artifact's), maps Arrow batches through the numpy transform (``mapInArrow``), and writes ``output``
@@ -19,7 +20,6 @@ import dataclasses
 import json
 import os
 import sys
-from typing import Literal
 
 if __package__ in (None, ""):  # spark-submit runs this file as a script: make the project importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,33 +31,25 @@ from anisotropy_core.artifact import Artifact, load_artifact
 from anisotropy_spark.estimators import CorrectionModel
 from anisotropy_spark.io import as_double_array, is_delta_table, read_table, validate
 from anisotropy_spark.session import get_spark
-from jobs.config import parse_args, quarantine_problems
+from jobs.config import InputSettings, parse_args
 
 VERSION_COLUMN = "transform_version"
 JOB_NAME = "anisotropy.apply"
 
 
-@dataclasses.dataclass
-class ApplyConfig:
+@dataclasses.dataclass(kw_only=True)
+class ApplyConfig(InputSettings):
     """Settings of the apply job (conf/apply.yaml)."""
 
-    input: str
     artifact: str
     output: str
     input_version: int | None = None
-    vector_col: str = "vector"
-    id_col: str = "id"
     output_col: str | None = None
-    on_invalid: Literal["error", "quarantine"] = "error"
-    quarantine_path: str | None = None
     force: bool = False
     master: str | None = None
 
     def check(self) -> list[str]:
-        problems = []
-        if os.path.abspath(self.input) == os.path.abspath(self.output):
-            problems.append("output must differ from input (the input version must stay readable)")
-        problems += quarantine_problems(self)
+        problems = self.output_problems(self.output) + self.input_problems()
         if self.output_col == VERSION_COLUMN:
             problems.append(f"output_col may not be {VERSION_COLUMN!r}")
         return problems
@@ -93,7 +85,7 @@ def run_apply(spark: SparkSession, config: ApplyConfig, artifact: Artifact | Non
         return {**summary, "status": "skipped", "output_version": previous[0],
                 "reason": "the latest output commit already holds this input version and transform version"}
     vector_col = config.vector_col
-    checked = validate(as_double_array(df, vector_col), vector_col, config.id_col, None,
+    checked = validate(as_double_array(df, vector_col), vector_col, config.id_col, config.dimension,
                        config.on_invalid, config.quarantine_path)
     try:
         artifact.check_dimension(checked.dimension)

@@ -1,6 +1,7 @@
 """The demo: the whole product on the bundled corpus, with the embedded default (local Spark + local Delta).
 
-    python -m jobs.demo --conf conf/demo.yaml [--method abtt|whitening|center|cluster_recenter]
+    anisotropy demo --conf conf/demo.yaml [--method abtt|whitening|center|cluster_recenter]
+    python -m jobs.demo --conf conf/demo.yaml ...
 
 1. loads ``data/demo_corpus.parquet`` (real all-MiniLM-L6-v2 sentence embeddings, one layer) into a
    Delta table, once;
@@ -12,20 +13,22 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from typing import Literal
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from anisotropy_core import storage
 from anisotropy_spark.io import is_delta_table
+from anisotropy_spark.publish import output_state
 from anisotropy_spark.session import get_spark
 from jobs import apply as apply_job
 from jobs import diagnose as diagnose_job
 from jobs import fit as fit_job
 from jobs import nightly as nightly_job
 from jobs.config import load, parse_args
+from jobs.nightly_config import NightlyConfig
 
 COMPARED = ["n", "d", "offset_ratio", "anisotropy_A", "top1_var", "top10_var", "effective_rank",
             "mp_above_upper", "power_law_alpha"]
@@ -86,18 +89,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"apply: {applied['status']} → {config.corrected_table} (Delta version {applied['output_version']})")
 
     corrected = dataclasses.replace(diagnosis, input=config.corrected_table,
-                                    output_dir=os.path.join(diagnosis.output_dir, "corrected"))
+                                    output_dir=storage.join(diagnosis.output_dir, "corrected"))
     after = diagnose_job.run_diagnosis(spark, corrected)
     diagnose_job.write_outputs(spark, corrected, after, before=before)
     print(f"\n## Before / after {manifest['method']}\n\n" + side_by_side(before["metrics"], after["metrics"]))
 
-    nightly = load(nightly_job.NightlyConfig, config.nightly_conf, {"input": config.corpus_table})
+    nightly = load(NightlyConfig, config.nightly_conf, {"input": config.corpus_table})
     for night in (1, 2):
         record = nightly_job.run_nightly(spark, nightly)
         what = (f"recommended {record['recommendation']['method']}, applied {record['applied']['method']}"
                 if record["applied"] else "nothing to do: the output already holds this input version and config")
         print(f"\nnightly run {night}: {record['status']} — {what}; {nightly.output} is at Delta version "
-              f"{nightly_job.output_state(spark, nightly.output).version}")
+              f"{output_state(spark, nightly.output).version}")
     return 0
 
 

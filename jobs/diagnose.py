@@ -1,6 +1,7 @@
 """Diagnosis job: measure how anisotropic an embedding table is, in one pass.
 
-    python -m jobs.diagnose --conf conf/diagnose.yaml [--input PATH] [--vector-col C] [--id-col C] ...
+    anisotropy diagnose --conf conf/diagnose.yaml [--input PATH] [--vector-col C] [--id-col C] ...
+    python -m jobs.diagnose --conf conf/diagnose.yaml ...
     spark-submit --packages io.delta:delta-spark_2.13:4.0.0 jobs/diagnose.py --conf conf/diagnose.yaml
 
 Writes ``report.json`` and ``report.md`` to ``output_dir``, prints the Markdown summary, and appends one
@@ -22,19 +23,19 @@ if __package__ in (None, ""):  # spark-submit runs this file as a script: make t
 import numpy as np
 from pyspark.sql import DataFrame, SparkSession
 
-from anisotropy_core.diagnostics import plain_scalar
+from anisotropy_core import storage
+from anisotropy_core.diagnostics import Diagnosis, plain_scalar
 from anisotropy_core.isotropy_measures import isoscore_from_spectrum, partition_ratio, sampling_noise, sign_structure_null
 from anisotropy_core.report import write_report_assets
 from anisotropy_spark.diagnostics import diagnose_dataframe, sample_rows, u1_artefact_test
 from anisotropy_spark.io import as_double_array, read_table, validate
 from anisotropy_spark.kmeans import fit_kmeans, spark_cluster_diagnostics
 from anisotropy_spark.session import get_spark
-from jobs.config import config_hash, parse_args, quarantine_problems
+from jobs.config import InputSettings, config_hash, parse_args
 
-SCALAR_METRICS = ["n", "d", "offset_ratio", "anisotropy_A", "isotropic_sd", "top1_var", "top10_var",
-                  "effective_rank", "erank_frac", "mean_norm_ratio", "raw_top1_share", "numerical_rank",
-                  "mp_lower", "mp_upper", "mp_above_upper", "power_law_alpha", "isoscore", "A_noise_z",
-                  "null_effective_rank", "A_sign_null", "partition_ratio"]
+# the diagnosis's scalars, then the measures this job adds from the sample and the null models
+EXTRA_METRICS = ("isoscore", "A_noise_z", "null_effective_rank", "A_sign_null", "partition_ratio")
+SCALAR_METRICS = Diagnosis.scalar_names() + EXTRA_METRICS
 
 METRIC_MEANINGS = {
     "n": "valid vectors diagnosed",
@@ -61,22 +62,16 @@ METRIC_MEANINGS = {
 }
 
 
-@dataclasses.dataclass
-class DiagnoseConfig:
+@dataclasses.dataclass(kw_only=True)
+class DiagnoseConfig(InputSettings):
     """Settings of the diagnosis job (conf/diagnose.yaml)."""
 
-    input: str
-    vector_col: str = "vector"
-    id_col: str = "id"
-    dimension: int | None = None
     input_version: int | None = None
     metadata_cols: list[str] = dataclasses.field(default_factory=list)
     label_col: str | None = None
-    on_invalid: Literal["error", "quarantine"] = "error"
-    quarantine_path: str | None = None
     sample_size: int = 2000
-    clusters: int | None = None
-    cluster_metric: Literal["euclidean", "cosine"] = "euclidean"
+    cluster_k: int | None = None
+    cluster_distance_measure: Literal["euclidean", "cosine"] = "euclidean"
     cluster_fit_rows: int = 100_000
     seed: int = 0
     output_dir: str = "out/diagnose"
@@ -84,13 +79,11 @@ class DiagnoseConfig:
     master: str | None = None
 
     def check(self) -> list[str]:
-        problems = quarantine_problems(self)
-        if self.dimension is not None and self.dimension < 1:
-            problems.append(f"dimension must be ≥ 1, got {self.dimension}")
+        problems = self.input_problems()
         if self.sample_size < 2:
             problems.append(f"sample_size must be ≥ 2, got {self.sample_size}")
-        if self.clusters is not None and self.clusters < 1:
-            problems.append(f"clusters must be ≥ 1, got {self.clusters}")
+        if self.cluster_k is not None and self.cluster_k < 1:
+            problems.append(f"cluster_k must be ≥ 1, got {self.cluster_k}")
         if self.cluster_fit_rows < 1:
             problems.append(f"cluster_fit_rows must be ≥ 1, got {self.cluster_fit_rows}")
         return problems
@@ -111,15 +104,15 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
                                     config.label_col)
         sample = sample_rows(checked.valid, config.vector_col, checked.dimension, config.metadata_cols,
                              config.sample_size)
-        per_cluster = per_cluster_table(checked.valid, config, checked.dimension, report["n"]) \
-            if config.clusters else None
+        per_cluster = per_cluster_table(checked.valid, config, checked.dimension, report.n) \
+            if config.cluster_k else None
     finally:
         checked.release()
     noise = sampling_noise(report)
     sign_null = sign_structure_null(sample[0])
-    report.update(isoscore=isoscore_from_spectrum(report["spectrum"]), A_noise_z=noise["A_z"],
-                  null_effective_rank=noise["null_effective_rank"], A_sign_null=sign_null["null"],
-                  partition_ratio=partition_ratio(sample[0])["I"])
+    extra = {"isoscore": isoscore_from_spectrum(report.spectrum), "A_noise_z": noise["A_z"],
+             "null_effective_rank": noise["null_effective_rank"], "A_sign_null": sign_null["null"],
+             "partition_ratio": partition_ratio(sample[0])["I"]}
     return {
         "run_id": uuid.uuid4().hex,
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
@@ -127,13 +120,11 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
         "config_hash": config_hash(config),
         "invalid_rows": checked.invalid_count,
         "invalid_by_reason": checked.invalid_by_reason,
-        "metrics": {k: plain_scalar(report[k]) for k in SCALAR_METRICS},
+        "metrics": {**report.scalars(), **{k: plain_scalar(extra[k]) for k in EXTRA_METRICS}},
         "sampling_noise": noise,
         "sign_structure": sign_null,
         "sample_size": int(sample[0].shape[0]),
-        "spectrum": report["spectrum"].tolist(),
-        "u1": report["u1"].tolist(),
-        "mean": report["mean"].tolist(),
+        **{name: values for name, values in report.to_json().items() if name in Diagnosis.array_names()},
         "artefact": artefact,
         "per_cluster": per_cluster,
         "_sample": sample,
@@ -143,13 +134,14 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
 def per_cluster_table(valid: DataFrame, config: DiagnoseConfig, dimension: int, n: int) -> dict:
     """k-means (fitted on at most ``cluster_fit_rows`` sampled rows, the seed's recipe) → per-cluster
     diagnosis of all valid rows; see :func:`anisotropy_core.clustering.cluster_diagnostics`."""
-    if config.clusters > n:
-        raise ValueError(f"clusters = {config.clusters} exceeds the {n} valid vectors")
+    if config.cluster_k > n:
+        raise ValueError(f"cluster_k = {config.cluster_k} exceeds the {n} valid vectors")
     fit_on = valid if n <= config.cluster_fit_rows else valid.sample(
         fraction=min(1.0, 1.2 * config.cluster_fit_rows / n), seed=config.seed).limit(config.cluster_fit_rows)
-    km = fit_kmeans(fit_on, config.vector_col, config.clusters, config.cluster_metric, seed=config.seed,
+    km = fit_kmeans(fit_on, config.vector_col, config.cluster_k, config.cluster_distance_measure, seed=config.seed,
                     dimension=dimension)
-    return spark_cluster_diagnostics(valid, config.vector_col, km.centroids, config.cluster_metric, dimension)
+    return spark_cluster_diagnostics(valid, config.vector_col, km.centroids, config.cluster_distance_measure,
+                                     dimension)
 
 
 def markdown_summary(result: dict) -> str:
@@ -208,17 +200,15 @@ def write_outputs(spark: SparkSession, config: DiagnoseConfig, result: dict, bef
 
     ``before``: the result of diagnosing the same corpus before a transform (adds before/after panels).
     """
-    os.makedirs(config.output_dir, exist_ok=True)
-    with open(os.path.join(config.output_dir, "report.json"), "w", encoding="utf-8") as handle:
-        json.dump({k: v for k, v in result.items() if not k.startswith("_")}, handle, indent=2, default=str)
+    storage.write_atomic(storage.join(config.output_dir, "report.json"),
+                         json.dumps({k: v for k, v in result.items() if not k.startswith("_")}, indent=2, default=str))
     vectors, metadata = result["_sample"]
     write_report_assets(picture_report(result), config.output_dir, samples=vectors, metadata=metadata or None,
                         before=picture_report(before) if before else None,
                         before_samples=before["_sample"][0] if before else None,
                         title=f"Anisotropy report: {result['input']['path']}")
     summary = markdown_summary(result)
-    with open(os.path.join(config.output_dir, "report.md"), "w", encoding="utf-8") as handle:
-        handle.write(summary)
+    storage.write_atomic(storage.join(config.output_dir, "report.md"), summary)
     if config.metrics_table:
         append_metrics_row(spark, config.metrics_table, result)
     return summary

@@ -1,6 +1,7 @@
 """Fit job: fit a correction on an embedding table and save it as a versioned transform artifact.
 
-    python -m jobs.fit --conf conf/fit.yaml [--method abtt|whitening|center] [--D 3] [--k 256] ...
+    anisotropy fit --conf conf/fit.yaml [--method abtt|whitening|center|cluster_recenter] [--D 3] [--k 256] ...
+    python -m jobs.fit --conf conf/fit.yaml ...
 
 One pass over ``input`` (pinned Delta version; the io validation contract) plus a driver ``eigh``. The
 artifact directory ``artifact`` holds ``manifest.json`` + ``arrays.npz`` (see anisotropy_core.artifact)
@@ -21,25 +22,21 @@ from pyspark.sql import SparkSession
 
 from anisotropy_core.artifact import load_artifact
 from anisotropy_core.transforms import DEFAULT_EPS
-from anisotropy_spark.estimators import (AllButTheTopEstimator, CenterEstimator, CorrectionEstimator,
-                                         WhiteningEstimator)
+from anisotropy_spark.estimators import CorrectionEstimator, estimator_for, method_params, registered_methods
 from anisotropy_spark.io import as_double_array, read_table, validate
-from anisotropy_spark.kmeans import ClusterRecenterEstimator
 from anisotropy_spark.session import get_spark
-from jobs.config import parse_args, quarantine_problems
+from jobs.config import InputSettings, parse_args
 
 
-@dataclasses.dataclass
-class FitConfig:
-    """Settings of the fit job (conf/fit.yaml). D/max_D apply to abtt; k…normalize to whitening;
-    clusters, cluster_metric, D_per_cluster and seed to cluster_recenter."""
+@dataclasses.dataclass(kw_only=True)
+class FitConfig(InputSettings):
+    """Settings of the fit job (conf/fit.yaml). The method settings are its Estimator's Params in snake_case
+    (:func:`anisotropy_spark.params.param_name`); only those of ``method`` are used: ``D``/``max_D`` (abtt),
+    ``k``…``normalize`` (whitening), ``k``, ``D``, ``distance_measure``, ``seed`` (cluster_recenter)."""
 
-    input: str
     artifact: str
-    method: Literal["center", "abtt", "whitening", "cluster_recenter"] = "abtt"
+    method: str = "abtt"
     input_version: int | None = None
-    vector_col: str = "vector"
-    id_col: str = "id"
     D: int | None = None
     max_D: int | None = None
     k: int | None = None
@@ -47,49 +44,37 @@ class FitConfig:
     eps: float = DEFAULT_EPS
     zca: bool = False
     normalize: bool = False
-    clusters: int = 8
-    cluster_metric: Literal["euclidean", "cosine"] = "euclidean"
-    D_per_cluster: int = 0
+    distance_measure: Literal["euclidean", "cosine"] = "euclidean"
     seed: int = 0
-    on_invalid: Literal["error", "quarantine"] = "error"
-    quarantine_path: str | None = None
     master: str | None = None
 
     def check(self) -> list[str]:
-        problems = quarantine_problems(self)
+        problems = self.input_problems()
+        if self.method not in registered_methods():
+            problems.append(f"method: {self.method!r} is not one of {registered_methods()}")
         if self.D is not None and self.D < 0 or self.max_D is not None and self.max_D < 0:
             problems.append("D and max_D must be >= 0")
         if self.k is not None and self.k < 1:
             problems.append(f"k must be >= 1, got {self.k}")
         if not 0.0 <= self.shrinkage <= 1.0:
             problems.append(f"shrinkage must be in [0, 1], got {self.shrinkage}")
-        if self.clusters < 1 or self.D_per_cluster < 0:
-            problems.append(f"clusters must be >= 1 and D_per_cluster >= 0, got {self.clusters}, {self.D_per_cluster}")
         if not self.eps > 0:
             problems.append(f"eps must be > 0, got {self.eps}")
         return problems
 
-
-def estimator_for(config: FitConfig) -> CorrectionEstimator:
-    """The Estimator the config asks for, reading ``vector_col``."""
-    if config.method == "center":
-        return CenterEstimator(inputCol=config.vector_col)
-    if config.method == "abtt":
-        return AllButTheTopEstimator(inputCol=config.vector_col, D=config.D, maxD=config.max_D)
-    if config.method == "cluster_recenter":
-        return ClusterRecenterEstimator(inputCol=config.vector_col, k=config.clusters, D=config.D_per_cluster,
-                                        distanceMeasure=config.cluster_metric, seed=config.seed)
-    return WhiteningEstimator(inputCol=config.vector_col, k=config.k, shrinkage=config.shrinkage,
-                              eps=config.eps, zca=config.zca, normalize=config.normalize)
+    def estimator(self) -> CorrectionEstimator:
+        """The Estimator of ``method`` with this config's settings for it, reading ``vector_col``."""
+        settings = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return estimator_for(self.method, method_params(self.method, settings), self.vector_col)
 
 
 def run_fit(spark: SparkSession, config: FitConfig) -> dict:
     """Fit and save; returns the saved (hash-verified, reloaded) manifest."""
     df, ref = read_table(spark, config.input, config.input_version)
-    checked = validate(as_double_array(df, config.vector_col), config.vector_col, config.id_col, None,
+    checked = validate(as_double_array(df, config.vector_col), config.vector_col, config.id_col, config.dimension,
                        config.on_invalid, config.quarantine_path)
     try:
-        model = estimator_for(config).fit(checked.valid).setFittedOn(ref)
+        model = config.estimator().fit(checked.valid).setFittedOn(ref)
     finally:
         checked.release()
     model.write().overwrite().save(config.artifact)

@@ -72,3 +72,46 @@ def test_quarantine_needs_a_path():
         "on_invalid: quarantine needs quarantine_path"]
     assert quarantine_problems(DiagnoseConfig(input="x", on_invalid="quarantine", quarantine_path="q")) == []
     assert quarantine_problems(DiagnoseConfig(input="x")) == []
+
+
+@dataclasses.dataclass
+class Thresholds:
+    low: float = 0.0
+    high: float = 1.0
+
+
+@dataclasses.dataclass
+class Nested:
+    input: str
+    limits: Thresholds = dataclasses.field(default_factory=Thresholds)
+    drift: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+def test_cli_mapping_overrides_deep_merge_into_the_file(tmp_path):
+    conf = tmp_path / "n.yaml"
+    conf.write_text("input: x\nlimits: {low: 0.2, high: 0.8}\ndrift: {a: 0.1, b: 0.2}\n")
+    config, _ = parse_args(Nested, ["--conf", str(conf), "--limits", "{high: 0.9}", "--drift", "{b: 0.5}"], "test")
+    assert config.limits == Thresholds(low=0.2, high=0.9) and config.drift == {"a": 0.1, "b": 0.5}
+
+
+def test_dict_values_are_type_checked():
+    with pytest.raises(ConfigError, match="config.drift.a: expected float, got str 'big'"):
+        from_mapping(Nested, {"input": "x", "drift": {"a": "big"}})
+    assert from_mapping(Nested, {"input": "x", "drift": {"a": 1}}).drift == {"a": 1.0}
+
+
+def test_every_job_shares_the_input_block():
+    from jobs.apply import ApplyConfig
+    from jobs.config import InputSettings
+    from jobs.diagnose import DiagnoseConfig
+    from jobs.fit import FitConfig
+    from jobs.nightly_config import NightlyConfig
+
+    shared = {f.name for f in dataclasses.fields(InputSettings)}
+    assert shared == {"input", "vector_col", "id_col", "dimension", "on_invalid", "quarantine_path"}
+    for job in (ApplyConfig, DiagnoseConfig, FitConfig, NightlyConfig):
+        assert issubclass(job, InputSettings) and shared <= {f.name for f in dataclasses.fields(job)}
+    with pytest.raises(ConfigError, match="dimension must be >= 1, got 0"):
+        from_mapping(FitConfig, {"input": "x", "artifact": "a", "dimension": 0})
+    with pytest.raises(ConfigError, match="output must differ from input"):
+        from_mapping(ApplyConfig, {"input": "t", "artifact": "a", "output": "file://" + __import__("os").path.abspath("t")})

@@ -186,7 +186,7 @@ def test_per_cluster_table_shows_local_isotropy(spark, tmp_path):
     centres = np.repeat([[2.0, 0, 0], [-2.0, 0, 0]], 150, axis=0) + 10.0
     X = centres + 0.5 * rng.normal(size=centres.shape)
     table = write_delta(spark, frame(spark, X), str(tmp_path / "mix"))
-    args = ["--input", table, "--clusters", "2", "--output-dir", str(tmp_path / "out"),
+    args = ["--input", table, "--cluster-k", "2", "--output-dir", str(tmp_path / "out"),
             "--metrics-table", "null", "--metadata-cols", "[]"]
     assert job.main(args) == 0
     per_cluster = json.loads((tmp_path / "out" / "report.json").read_text())["per_cluster"]
@@ -196,4 +196,4 @@ def test_per_cluster_table_shows_local_isotropy(spark, tmp_path):
     assert all(r["top1_var"] < 0.5 for r in per_cluster["clusters"])
     assert "globally anisotropic, locally isotropic" in (tmp_path / "out" / "report.md").read_text()
     with pytest.raises(ValueError, match="exceeds the 300 valid vectors"):
-        job.main(args[:2] + ["--clusters", "301"] + args[4:])
+        job.main(args[:2] + ["--cluster-k", "301"] + args[4:])

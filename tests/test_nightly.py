@@ -15,6 +15,7 @@ from anisotropy_core.moments import Moments
 from anisotropy_core.synthetic import mixture, pencil
 from anisotropy_core.transforms import fit_abtt
 from jobs import nightly
+from jobs.gate import GateError, gate
 from jobs.config import ConfigError
 
 N, D = 300, 8
@@ -141,13 +142,13 @@ def test_gate_lists_every_problem(spark, tmp_path):
     candidate = spark.createDataFrame(
         [(1, [1.0, float("nan")]), (2, [1.0, 0.0, 3.0]), (2, [1.0, 0.0]), (4, [0.0, 1.0])],
         "id long, vector array<double>")
-    with pytest.raises(nightly.GateError) as caught:
-        nightly.gate(candidate, valid, config, 2, {"top1_var": 0.7}, None)
+    with pytest.raises(GateError) as caught:
+        gate(candidate, valid, config, 2, {"top1_var": 0.7}, None)
     text = str(caught.value)
     for fragment in ("4 rows, the input has 3", "duplicate ids", "1 missing, 1 unexpected",
                      "do not have the transform's dimension 2", "NaN/Inf", "top1_var = 0.7 outside"):
         assert fragment in text, fragment
-    assert nightly.gate(valid, valid, nightly.NightlyConfig(input="in", output="out"), 2, None, None)["output_rows"] == 3
+    assert gate(valid, valid, nightly.NightlyConfig(input="in", output="out"), 2, None, None)["output_rows"] == 3
 
 
 @pytest.mark.parametrize("flags,fragment", [

@@ -28,6 +28,7 @@ from jobs import nightly
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 TIMEOUT = 900
+FAULT_SCRIPT = "tests/nightly_with_faults.py"
 
 
 def job_env(**extra) -> dict:
@@ -40,13 +41,14 @@ def job_env(**extra) -> dict:
 
 
 def launch(conf: str, *flags: str, submit: bool = False, **env) -> subprocess.Popen:
-    """Start ``python -m jobs.nightly`` (or ``spark-submit jobs/nightly.py``) with ``conf`` and ``flags``."""
+    """Start the nightly job with the test-only fault seam (``python tests/nightly_with_faults.py``, or under
+    ``spark-submit``) with ``conf`` and ``flags``; ``env`` names the faults (see that script)."""
     if submit:
         command = [str(pathlib.Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
                    "--jars", ",".join(delta_jars()), "--conf", f"spark.sql.extensions={DELTA_EXTENSION}",
-                   "--conf", f"spark.sql.catalog.spark_catalog={DELTA_CATALOG}", "jobs/nightly.py", "--conf", conf]
+                   "--conf", f"spark.sql.catalog.spark_catalog={DELTA_CATALOG}", FAULT_SCRIPT, "--conf", conf]
     else:
-        command = [sys.executable, "-m", "jobs.nightly", "--conf", conf]
+        command = [sys.executable, FAULT_SCRIPT, "--conf", conf]
     return subprocess.Popen(command + list(flags), cwd=REPO, env=job_env(**env), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
@@ -99,7 +101,7 @@ def test_other_masters_give_identical_numbers(spark, reference, tmp_path, master
     base, expected = reference
     marker = tmp_path / "marker"
     marker.mkdir()
-    extra = {"ANISOTROPY_FAIL_TASK_ONCE": str(marker)} if env else {}
+    extra = {"FAIL_TASK_ONCE": str(marker)} if env else {}
     code, out = finish(launch(elsewhere(tmp_path, base), "--master", master, **extra))
     assert code == 0, out[-4000:]
     if env:
@@ -120,7 +122,7 @@ def test_kill_between_apply_and_publish_leaves_table_unchanged(spark, tmp_path):
     new_ids, X_new, tokens_new = corpus(n=20, seed=1, start=1000)
     write_input(spark, str(tmp_path / "input"), new_ids, X_new, tokens_new, mode="append", invalid=False)
 
-    code, out = finish(launch(conf, submit=True, ANISOTROPY_FAIL_AFTER_STAGE="apply"))
+    code, out = finish(launch(conf, submit=True, FAIL_AFTER_STAGE="apply"))
     assert code == 137, out[-4000:]
     assert "simulating a kill" in out
     assert history(spark, str(tmp_path / "output")) == before_history
@@ -139,7 +141,7 @@ def test_concurrent_runs_one_publishes_the_other_fails_cleanly(spark, reference,
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     conf = elsewhere(tmp_path, base, method="center")
-    runs = [launch(conf, "--master", "local[1]", ANISOTROPY_PUBLISH_BARRIER=f"{barrier}:2") for _ in range(2)]
+    runs = [launch(conf, "--master", "local[1]", PUBLISH_BARRIER=f"{barrier}:2") for _ in range(2)]
     results = [finish(p) for p in runs]
     codes = sorted(code for code, _ in results)
     assert codes == [0, 4], [out[-3000:] for _, out in results]

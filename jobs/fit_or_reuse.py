@@ -1,0 +1,79 @@
+"""Fit-or-reuse for the nightly job: the fit parameters of a method, whether the last published transform may
+be reused (same method and parameters, diagnosis within the drift thresholds), and saving a new fit.
+
+Artifacts live in ``artifacts_dir/<transform_version>/`` (any path or URI of :mod:`anisotropy_core.storage`):
+the transform artifact plus ``fit_report.json`` — the method, its parameters and the input metrics it was
+fitted on, which the drift test compares against.
+"""
+from __future__ import annotations
+
+import json
+
+from pyspark.sql import DataFrame
+
+from anisotropy_core import storage
+from anisotropy_core.artifact import Artifact, load_artifact, save_artifact
+from anisotropy_core.decision import Recommendation
+from anisotropy_spark.estimators import CorrectionModel, estimator_for
+from anisotropy_spark.io import TableRef
+from jobs.nightly_config import NightlyConfig
+
+FIT_REPORT = "fit_report.json"
+
+
+def fit_params(config: NightlyConfig, method: str, rec: Recommendation) -> dict:
+    """The parameters (config keys of :func:`~anisotropy_spark.estimators.estimator_for`) a fit of ``method``
+    uses: config values, else the recommendation's D / k."""
+    if method == "abtt":
+        D = config.abtt_D if config.abtt_D is not None else (rec.D if rec.method == "abtt" else None)
+        return {"D": D, "max_D": config.decision.max_D}
+    if method == "whitening":
+        k = config.whitening_k if config.whitening_k is not None else (rec.k if rec.method == "whitening" else None)
+        return {"k": k, "shrinkage": config.whitening_shrinkage, "normalize": config.whitening_normalize}
+    if method == "cluster_recenter":
+        return {"k": config.cluster_k, "D": config.cluster_D, "distance_measure": config.cluster_distance_measure,
+                "seed": config.seed}
+    return {}
+
+
+def fit_model(config: NightlyConfig, method: str, params: dict, valid: DataFrame, ref: TableRef) -> CorrectionModel:
+    """Fit ``method`` with ``params`` on the valid rows; the model writes ``out_col`` and records ``ref``."""
+    model = estimator_for(method, params, config.vector_col).fit(valid).setFittedOn(ref)
+    return model.setOutputCol(config.out_col)
+
+
+def model_from(artifact: Artifact, config: NightlyConfig) -> CorrectionModel:
+    """The Spark model of ``artifact`` (its method's model class: cluster recentering also writes cluster ids)."""
+    return CorrectionModel.from_artifact(artifact, config.vector_col, config.out_col)
+
+
+def reusable(config: NightlyConfig, previous: dict | None, method: str, params: dict, d: int,
+             metrics: dict) -> tuple[Artifact | None, str]:
+    """(the artifact to reuse or None, why). Reuse needs ``refit: on_drift``, a previously published artifact
+    of the same method, dimension and fit parameters, and every ``drift`` metric within its threshold."""
+    if config.refit == "always":
+        return None, "refit: always"
+    if not previous or not previous.get("artifact"):
+        return None, "no previously published transform"
+    try:
+        artifact = load_artifact(previous["artifact"], expected_dimension=d)
+        fitted = json.loads(storage.read_text(storage.join(previous["artifact"], FIT_REPORT)))
+    except (OSError, ValueError) as exc:
+        return None, f"previous artifact unusable ({exc})"
+    if fitted.get("method") != method or fitted.get("params") != params:
+        return None, f"method/params changed ({fitted.get('method')} {fitted.get('params')} → {method} {params})"
+    moved = {k: abs(metrics[k] - fitted["metrics"][k]) for k in config.drift}
+    over = {k: v for k, v in moved.items() if v > config.drift[k]}
+    if over:
+        return None, "diagnosis drifted beyond thresholds: " + ", ".join(f"{k} moved {v:.4g} > {config.drift[k]}"
+                                                                         for k, v in over.items())
+    return artifact, "diagnosis within drift thresholds: " + ", ".join(f"{k} moved {v:.4g}" for k, v in moved.items())
+
+
+def save_fit(config: NightlyConfig, model: CorrectionModel, method: str, params: dict, metrics: dict) -> str:
+    """Save the fitted transform (artifact, then fit_report.json) under artifacts_dir; returns its path."""
+    path = storage.join(config.artifacts_dir, model.transform_version)
+    save_artifact(path, model.transform_, model.n, model.fitted_on)
+    storage.write_atomic(storage.join(path, FIT_REPORT),
+                         json.dumps({"method": method, "params": params, "metrics": metrics}, indent=2, sort_keys=True))
+    return path

@@ -1,0 +1,56 @@
+"""The nightly publication gate: the would-be output holds exactly the valid input rows (count, unique ids,
+same id set), every vector finite with the transform's output dimension, and every ``output_bounds``
+metric inside its [low, high]; otherwise :class:`GateError` lists every failed check."""
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from jobs.nightly_config import NightlyConfig
+
+
+class GateError(RuntimeError):
+    """The would-be output failed the publication gate; ``problems`` lists every failed check."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("gate rejected the output: " + "; ".join(problems))
+        self.problems = problems
+
+
+def gate(candidate: DataFrame, valid: DataFrame, config: NightlyConfig, d_out: int, out_metrics: dict | None,
+         diagnose_error: str | None) -> dict:
+    """Check the would-be output against the valid input rows; raise :class:`GateError` listing every failure.
+
+    ``candidate``: the full would-be output table; ``valid``: the validated input rows. Returns the counts.
+    """
+    idc, vec = config.id_col, F.col(config.out_col)
+    bad = F.exists(vec, lambda x: x.isNull() | F.isnan(x) | (F.abs(x) == float("inf")))
+    row = candidate.agg(F.count(F.lit(1)).alias("rows"), F.countDistinct(idc).alias("ids"),
+                        F.sum(F.when(vec.isNull() | (F.size(vec) != d_out), 1).otherwise(0)).alias("wrong_dim"),
+                        F.sum(F.when(bad, 1).otherwise(0)).alias("non_finite")).first()
+    expected = valid.count()
+    missing = valid.select(idc).join(candidate.select(idc), idc, "left_anti").count()
+    extra = candidate.select(idc).join(valid.select(idc), idc, "left_anti").count()
+    counts = {"output_rows": int(row["rows"]), "valid_rows": int(expected), "missing_ids": missing,
+              "unexpected_ids": extra, "wrong_dimension": int(row["wrong_dim"] or 0),
+              "non_finite": int(row["non_finite"] or 0)}
+    problems = []
+    if counts["output_rows"] != expected:
+        problems.append(f"output has {counts['output_rows']} rows, the input has {expected} valid rows")
+    if int(row["ids"]) != counts["output_rows"]:
+        problems.append(f"duplicate ids: {counts['output_rows'] - int(row['ids'])} rows share an id")
+    if missing or extra:
+        problems.append(f"id set differs from the input's valid rows: {missing} missing, {extra} unexpected")
+    if counts["wrong_dimension"]:
+        problems.append(f"{counts['wrong_dimension']} vectors do not have the transform's dimension {d_out}")
+    if counts["non_finite"]:
+        problems.append(f"{counts['non_finite']} vectors contain NaN/Inf")
+    if diagnose_error:
+        problems.append(f"output diagnosis failed: {diagnose_error}")
+    for key, (low, high) in config.output_bounds.items():
+        value = None if out_metrics is None else out_metrics[key]
+        if value is not None and (low is not None and value < low or high is not None and value > high):
+            problems.append(f"output {key} = {value:.6g} outside the bounds [{low}, {high}]")
+    if problems:
+        raise GateError(problems)
+    return counts

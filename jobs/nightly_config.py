@@ -1,0 +1,101 @@
+"""Settings of the nightly job (conf/nightly.yaml): static checks, checks against the data, the content hash.
+
+Per-method settings are the method's Param names (snake_case) prefixed by the method: ``abtt_D``,
+``whitening_k``, ``whitening_shrinkage``, ``whitening_normalize``, ``cluster_k``, ``cluster_D``,
+``cluster_distance_measure`` (``cluster_*`` also drive the ``mixture_check`` k-means).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from anisotropy_core.decision import DecisionThresholds
+from anisotropy_core.diagnostics import Diagnosis
+from jobs.apply import VERSION_COLUMN
+from jobs.config import ConfigError, InputSettings, config_hash
+
+# the scalar numbers of anisotropy_core.diagnose (what drift thresholds and output bounds may name)
+CORE_METRICS = Diagnosis.scalar_names()
+CLUSTER_COLUMN = "cluster_id"
+
+
+@dataclasses.dataclass(kw_only=True)
+class NightlyConfig(InputSettings):
+    """Settings of the nightly job (conf/nightly.yaml); see that file for what each key means."""
+
+    output: str
+    on_invalid: Literal["error", "quarantine"] = "quarantine"
+    output_vector_col: str | None = None
+    metadata_cols: list[str] = dataclasses.field(default_factory=list)
+    label_col: str | None = None
+    method: Literal["auto", "none", "center", "abtt", "whitening", "cluster_recenter"] = "auto"
+    abtt_D: int | None = None
+    whitening_k: int | None = None
+    whitening_shrinkage: float = 0.0
+    whitening_normalize: bool = False
+    cluster_k: int = 8
+    cluster_D: int = 0
+    cluster_distance_measure: Literal["euclidean", "cosine"] = "euclidean"
+    mixture_check: bool = False
+    seed: int = 0
+    decision: DecisionThresholds = dataclasses.field(default_factory=DecisionThresholds)
+    refit: Literal["always", "on_drift"] = "on_drift"
+    drift: dict[str, float] = dataclasses.field(default_factory=lambda: {
+        "offset_ratio": 0.05, "anisotropy_A": 0.05, "top1_var": 0.05, "erank_frac": 0.05})
+    incremental: bool = True
+    output_bounds: dict[str, list[float | None]] = dataclasses.field(default_factory=dict)
+    artifacts_dir: str = "out/nightly/transforms"
+    runs_dir: str = "out/nightly/runs"
+    runs_table: str | None = "out/nightly/runs_table"
+    app_id: str = "anisotropy-nightly"
+    master: str | None = None
+
+    @property
+    def out_col(self) -> str:
+        return self.output_vector_col or self.vector_col
+
+    def check(self) -> list[str]:
+        """Static problems (no data needed); :func:`check_against_data` adds k ≤ n, D < d, k ≤ d."""
+        problems = self.output_problems(self.output) + self.input_problems()
+        if self.abtt_D is not None and (self.abtt_D < 0 or self.dimension and self.abtt_D >= self.dimension):
+            problems.append(f"abtt_D={self.abtt_D} must satisfy 0 <= abtt_D < dimension={self.dimension}")
+        if self.whitening_k is not None and (self.whitening_k < 1 or self.dimension and self.whitening_k > self.dimension):
+            problems.append(f"whitening_k={self.whitening_k} must satisfy 1 <= whitening_k <= dimension={self.dimension}")
+        if not 0.0 <= self.whitening_shrinkage <= 1.0:
+            problems.append(f"whitening_shrinkage must be in [0, 1], got {self.whitening_shrinkage}")
+        if self.cluster_k < 1 or self.cluster_D < 0:
+            problems.append(f"cluster_k must be >= 1 and cluster_D >= 0, got {self.cluster_k}, {self.cluster_D}")
+        if self.out_col in (VERSION_COLUMN, CLUSTER_COLUMN, self.id_col):
+            problems.append(f"output_vector_col may not be {self.out_col!r}")
+        for key, value in self.drift.items():
+            if key not in CORE_METRICS or value < 0:
+                problems.append(f"drift.{key}: expected a metric of {CORE_METRICS} with a number >= 0, got {value!r}")
+        for key, bounds in self.output_bounds.items():
+            if key not in CORE_METRICS:
+                problems.append(f"output_bounds.{key}: unknown metric; known: {CORE_METRICS}")
+            elif len(bounds) != 2 or None not in bounds and bounds[0] > bounds[1]:
+                problems.append(f"output_bounds.{key}: expected [low, high] (numbers or null, low <= high), got {bounds!r}")
+        return problems
+
+
+def check_against_data(config: NightlyConfig, n: int, d: int, method: str) -> None:
+    """Raise :class:`ConfigError` naming the key when a setting is impossible for n valid rows of dimension d."""
+    problems = []
+    if config.abtt_D is not None and not config.abtt_D < min(d, n):
+        problems.append(f"abtt_D={config.abtt_D} must be < d={d} and < n={n}")
+    if config.whitening_k is not None and config.whitening_k > d:
+        problems.append(f"whitening_k={config.whitening_k} exceeds the dimension d={d}")
+    if (method == "cluster_recenter" or config.mixture_check) and config.cluster_k > n:
+        problems.append(f"cluster_k={config.cluster_k} exceeds the number of valid rows n={n}")
+    if problems:
+        raise ConfigError(f"{config.input}: " + "; ".join(problems))
+
+
+# settings that say where things go or how a run is gated, not what the published vectors are
+NON_CONTENT_KEYS = ("master", "runs_dir", "runs_table", "artifacts_dir", "quarantine_path", "app_id", "output_bounds")
+
+
+def nightly_config_hash(config: NightlyConfig) -> str:
+    """Hash of the settings that determine the published content (``NON_CONTENT_KEYS`` left out), so moving
+    the run records or tightening the gate does not turn a no-op night into a rebuild."""
+    return config_hash(dataclasses.replace(config, **{k: None for k in NON_CONTENT_KEYS}))

@@ -1,0 +1,218 @@
+"""The stages of the nightly job. Each is a function of the one :class:`NightlyContext`, reading what earlier
+stages left there and adding its own results; :mod:`jobs.nightly` runs them in order.
+
+read → validate → diagnose → decide → fit (or reuse) → apply → diagnose_output → gate → publish.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from anisotropy_core.decision import Recommendation, recommend
+from anisotropy_core.diagnostics import Diagnosis
+from anisotropy_spark.diagnostics import diagnose_dataframe, u1_artefact_test
+from anisotropy_spark.estimators import CorrectionModel
+from anisotropy_spark.io import TableRef, ValidatedInput, as_double_array, read_table, validate
+from anisotropy_spark.kmeans import fit_kmeans, spark_cluster_diagnostics
+from anisotropy_spark.publish import OutputState, PublishTarget, only_appends, output_state, publish
+from jobs.apply import VERSION_COLUMN
+from jobs.config import ConfigError
+from jobs.fit_or_reuse import fit_model, fit_params, model_from, reusable, save_fit
+from jobs.gate import gate
+from jobs.nightly_config import NightlyConfig, check_against_data
+
+log = logging.getLogger("anisotropy.nightly")
+
+
+@dataclasses.dataclass
+class NightlyContext:
+    """Everything one run knows, filled in stage by stage. ``record`` is the JSON-ready run record;
+    ``cleanup`` releases cached data when the run ends; ``finished`` stops the run early (no-op)."""
+
+    spark: SparkSession
+    config: NightlyConfig
+    record: dict[str, Any]
+    cleanup: contextlib.ExitStack = dataclasses.field(default_factory=contextlib.ExitStack)
+    finished: bool = False
+    ref: TableRef | None = None
+    input_df: DataFrame | None = None
+    state: OutputState | None = None
+    checked: ValidatedInput | None = None
+    valid: DataFrame | None = None
+    report: Diagnosis | None = None
+    artefact: dict | None = None
+    clusters: dict | None = None
+    recommendation: Recommendation | None = None
+    method: str = "none"
+    model: CorrectionModel | None = None
+    transform_version: str = "none"
+    d_out: int = 0
+    refitted: bool = False
+    candidate: DataFrame | None = None
+    new_rows: DataFrame | None = None
+    output_metrics: dict | None = None
+    output_error: str | None = None
+
+    @property
+    def previous(self) -> dict | None:
+        """The publish metadata of the output's current state (None: nothing published yet)."""
+        return self.state.meta if self.state else None
+
+
+def read(ctx: NightlyContext, info: dict) -> None:
+    """Pin the input's latest Delta version; stop (no-op) when the output already holds it with this config."""
+    config, rec = ctx.config, ctx.record
+    ctx.input_df, ctx.ref = read_table(ctx.spark, config.input)
+    if ctx.ref.format != "delta":
+        raise ConfigError(f"input: {config.input} is not a Delta table (the nightly job pins a Delta version)")
+    rec["input"]["version"] = ctx.ref.version
+    ctx.state = output_state(ctx.spark, config.output)
+    rec["output"]["previous_version"] = ctx.state.version
+    previous = ctx.previous
+    if previous and previous.get("input_path") == config.input and previous.get("input_version") == ctx.ref.version \
+            and previous.get("config_hash") == rec["config_hash"]:
+        rec.update(status="noop", mode="noop", reason=(
+            f"output version {ctx.state.version} already holds input version {ctx.ref.version} with this config "
+            f"(run {previous['run_id']}, transform {previous.get('transform_version')})"))
+        rec["output"]["version"] = ctx.state.version
+        ctx.finished = True
+
+
+def validate_input(ctx: NightlyContext, info: dict) -> None:
+    """Quarantine (with a reason) or refuse the invalid rows; see :func:`anisotropy_spark.io.validate`."""
+    config = ctx.config
+    ctx.checked = validate(as_double_array(ctx.input_df, config.vector_col), config.vector_col, config.id_col,
+                           config.dimension, config.on_invalid, config.quarantine_path)
+    ctx.cleanup.callback(ctx.checked.release)
+    ctx.valid = ctx.checked.valid
+    ctx.record["counts"].update(invalid_rows=ctx.checked.invalid_count,
+                                invalid_by_reason=ctx.checked.invalid_by_reason)
+
+
+def diagnose(ctx: NightlyContext, info: dict) -> None:
+    """One moments pass + the u1 artefact test; with ``mixture_check``, k-means per-cluster diagnostics."""
+    config, rec, d = ctx.config, ctx.record, ctx.checked.dimension
+    ctx.report = diagnose_dataframe(ctx.valid, config.vector_col, d)
+    ctx.artefact = u1_artefact_test(ctx.valid, config.vector_col, ctx.report, config.metadata_cols, config.label_col)
+    info["rows"] = ctx.report.n
+    rec["counts"]["valid_rows"] = ctx.report.n
+    rec["input_metrics"], rec["artefact"] = ctx.report.scalars(), ctx.artefact
+    check_against_data(config, ctx.report.n, d, config.method)
+    if config.mixture_check:
+        centroids = fit_kmeans(ctx.valid, config.vector_col, config.cluster_k, config.cluster_distance_measure,
+                               seed=config.seed, dimension=d).centroids
+        ctx.clusters = spark_cluster_diagnostics(ctx.valid, config.vector_col, centroids,
+                                                 config.cluster_distance_measure, d)
+        rec["clusters"] = {k: ctx.clusters[k] for k in ("locally_isotropic", "clusters")}
+
+
+def decide(ctx: NightlyContext, info: dict) -> None:
+    """``method: auto`` applies the recommendation; an explicit method is applied, the recommendation recorded."""
+    rec = ctx.record
+    recommendation = ctx.recommendation = recommend(ctx.report, ctx.clusters, ctx.artefact, ctx.config.decision)
+    ctx.method = recommendation.method if ctx.config.method == "auto" else ctx.config.method
+    rec["recommendation"] = recommendation.to_dict()
+    for warning in recommendation.warnings:
+        log.warning("decision: %s", warning)
+    log.info("decision: recommend %s (%s); applying %s", recommendation.method,
+             "; ".join(recommendation.reasons), ctx.method)
+    check_against_data(ctx.config, ctx.report.n, ctx.report.d, ctx.method)
+
+
+def fit(ctx: NightlyContext, info: dict) -> None:
+    """Reuse the last published transform when allowed (:func:`jobs.fit_or_reuse.reusable`), else fit and save."""
+    config, method = ctx.config, ctx.method
+    params = fit_params(config, method, ctx.recommendation)
+    artifact_path, why = None, "method none: vectors published unchanged"
+    if method != "none":
+        reused, why = reusable(config, ctx.previous, method, params, ctx.report.d, ctx.record["input_metrics"])
+        if reused is not None:
+            ctx.model, artifact_path = model_from(reused, config), ctx.previous["artifact"]
+        else:
+            ctx.model = fit_model(config, method, params, ctx.valid, ctx.ref)
+            artifact_path = save_fit(config, ctx.model, method, params, ctx.record["input_metrics"])
+            ctx.refitted = True
+    ctx.transform_version = ctx.model.transform_version if ctx.model is not None else "none"
+    ctx.d_out = ctx.model.transform_.d_out if ctx.model is not None else ctx.report.d
+    ctx.record["applied"] = {"method": method, "params": params, "transform_version": ctx.transform_version,
+                             "artifact": artifact_path, "refitted": ctx.refitted, "fit_reason": why,
+                             "follows_recommendation": method == ctx.recommendation.method}
+    log.info("fit: %s %s (%s)", "refitted" if ctx.refitted else "reused", ctx.transform_version, why)
+
+
+def incremental(ctx: NightlyContext) -> bool:
+    """Incremental mode applies when the same transform is reused on an input that only gained appended rows."""
+    previous, config = ctx.previous, ctx.config
+    if not (config.incremental and previous and not ctx.refitted):
+        return False
+    same = (previous.get("transform_version") == ctx.transform_version and previous.get("input_path") == config.input
+            and previous.get("config_hash") == ctx.record["config_hash"]
+            and isinstance(previous.get("input_version"), int) and previous["input_version"] < ctx.ref.version)
+    return bool(same and only_appends(ctx.spark, config.input, previous["input_version"], ctx.ref.version))
+
+
+def transformed(ctx: NightlyContext, df: DataFrame) -> DataFrame:
+    """Output rows of ``df``: every input column, ``out_col`` = corrected vector (array<double>), the
+    ``transform_version`` column (and ``cluster_id`` for cluster recentering). No model = method none."""
+    config = ctx.config
+    out = ctx.model.transform(df) if ctx.model is not None else df.withColumn(config.out_col, F.col(config.vector_col))
+    if config.out_col != config.vector_col:
+        out = out.drop(config.vector_col)
+    return out.withColumn(VERSION_COLUMN, F.lit(ctx.transform_version))
+
+
+def apply(ctx: NightlyContext, info: dict) -> None:
+    """Full mode: transform every valid row. Incremental: only the rows appended since the previous publish,
+    unioned with the current output as the would-be table."""
+    config, spark = ctx.config, ctx.spark
+    ctx.record["mode"] = "incremental" if incremental(ctx) else "full"
+    if ctx.record["mode"] == "incremental":
+        old_ids = read_table(spark, config.input, ctx.previous["input_version"])[0].select(config.id_col)
+        new_valid = ctx.valid.join(old_ids, config.id_col, "left_anti")
+        ctx.new_rows = transformed(ctx, new_valid).persist(StorageLevel.MEMORY_AND_DISK)
+        ctx.cleanup.callback(ctx.new_rows.unpersist)
+        existing = read_table(spark, config.output, ctx.state.version)[0]
+        ctx.candidate = existing.unionByName(ctx.new_rows, allowMissingColumns=False)
+        info["rows"] = ctx.new_rows.count()
+    else:
+        ctx.candidate = transformed(ctx, ctx.valid).persist(StorageLevel.MEMORY_AND_DISK)
+        ctx.cleanup.callback(ctx.candidate.unpersist)
+        info["rows"] = ctx.candidate.count()
+    ctx.record["counts"]["rows_written"] = info["rows"]
+
+
+def diagnose_output(ctx: NightlyContext, info: dict) -> None:
+    """Diagnose the would-be output; a failure (e.g. a non-finite vector) is left for the gate to report."""
+    try:
+        ctx.output_metrics = diagnose_dataframe(ctx.candidate, ctx.config.out_col, ctx.d_out).scalars()
+    except ValueError as exc:
+        ctx.output_error = str(exc).splitlines()[0]
+    ctx.record["output_metrics"] = ctx.output_metrics
+
+
+def gate_output(ctx: NightlyContext, info: dict) -> None:
+    """:func:`jobs.gate.gate`; raises GateError (nothing is published)."""
+    ctx.record["counts"].update(gate(ctx.candidate, ctx.valid, ctx.config, ctx.d_out, ctx.output_metrics,
+                                     ctx.output_error))
+    info["rows"] = ctx.record["counts"]["output_rows"]
+
+
+def publish_output(ctx: NightlyContext, info: dict) -> None:
+    """ONE Delta commit with the run's metadata; see :func:`anisotropy_spark.publish.publish`."""
+    config, rec = ctx.config, ctx.record
+    meta = {"run_id": rec["run_id"], "input_path": config.input, "input_version": ctx.ref.version,
+            "transform_version": ctx.transform_version, "artifact": rec["applied"]["artifact"], "method": ctx.method,
+            "config_hash": rec["config_hash"], "seq": ctx.state.next_seq, "mode": rec["mode"]}
+    target = PublishTarget(config.output, config.id_col, config.app_id)
+    rec["output"]["version"] = publish(ctx.spark, target, ctx.candidate, ctx.new_rows, meta, ctx.state.version)
+    rec["status"] = "published"
+
+
+STAGES = (("read", read), ("validate", validate_input), ("diagnose", diagnose), ("decide", decide), ("fit", fit),
+          ("apply", apply), ("diagnose_output", diagnose_output), ("gate", gate_output), ("publish", publish_output))
