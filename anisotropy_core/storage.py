@@ -45,10 +45,12 @@ def join(base: str, *parts: str) -> str:
 
 
 def same_location(left: str, right: str) -> bool:
-    """True when two paths (or URIs) name the same location."""
+    """True when two paths (or URIs) name the same location (by name: no filesystem is contacted)."""
     def key(path: str) -> tuple[str, str]:
-        filesystem, inner = resolve(path)
-        return filesystem.type_name, inner.rstrip("/")
+        scheme, rest = split_scheme(path)
+        if scheme in ("", "file"):
+            return "file", os.path.abspath(rest if scheme else path)
+        return SCHEME_ALIASES.get(scheme, scheme), rest.rstrip("/")
     return key(left) == key(right)
 
 

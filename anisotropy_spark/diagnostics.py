@@ -8,7 +8,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from anisotropy_core.diagnostics import diagnose
+from anisotropy_core.diagnostics import Diagnosis, diagnose
 
 from .arrow import batch_matrix
 from .moments import corpus_moments
@@ -16,7 +16,7 @@ from .moments import corpus_moments
 PROJECTION_COL = "u1_projection"
 
 
-def diagnose_dataframe(df: DataFrame, vector_col: str, dimension: int) -> dict:
+def diagnose_dataframe(df: DataFrame, vector_col: str, dimension: int) -> Diagnosis:
     """:func:`anisotropy_core.diagnose` of the valid rows of ``df`` (``array<double>`` vectors)."""
     return diagnose(corpus_moments(df, vector_col, dimension))
 

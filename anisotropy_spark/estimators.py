@@ -1,22 +1,24 @@
-"""pyspark.ml Estimators for the corrections of :mod:`anisotropy_core.transforms`, and one generic Model.
+"""pyspark.ml Estimators and Models for the corrections of :mod:`anisotropy_core.transforms`, and the
+method registry (:func:`estimator_for`).
 
 * :class:`CenterEstimator`, :class:`AllButTheTopEstimator`, :class:`WhiteningEstimator` — ``fit(df)`` is
   one pass (:func:`~anisotropy_spark.moments.corpus_moments`, Arrow batches + treeReduce) plus a driver
-  ``eigh``; it returns a :class:`CorrectionModel`.
+  ``eigh``; it returns a :class:`CorrectionModel` (:class:`AllButTheTopModel`, :class:`WhiteningModel`: the
+  Params of :mod:`anisotropy_spark.params` on both sides, pyspark.ml style).
 * :class:`CorrectionModel` — wraps any fitted :class:`~anisotropy_core.transforms.FittedTransform`;
-  ``transform(df)`` maps Arrow batches through numpy with ``mapInArrow`` (no per-row Python) and writes
-  ``outputCol`` as ``array<double>`` (d_out long), keeping every other column. ``save(path)`` writes the
-  versioned artifact (``manifest.json`` + ``arrays.npz``, see :mod:`anisotropy_core.artifact`) plus the
-  pyspark.ml ``metadata/`` folder, so the model also loads as a ``PipelineModel`` stage; ``load(path)``
-  accepts either (a bare artifact written by plain numpy loads with default column params).
+  ``transform(df)`` only builds a plan that maps Arrow batches through numpy with ``mapInArrow`` (no per-row
+  Python) and writes ``outputCol`` as ``array<double>`` (d_out long), keeping every other column.
+  ``save(path)`` writes the versioned artifact (``manifest.json`` + ``arrays.npz``, see
+  :mod:`anisotropy_core.artifact`) plus the pyspark.ml ``metadata/`` folder, so the model also loads as a
+  ``PipelineModel`` stage; ``load(path)`` accepts either (a bare artifact written by plain numpy loads with
+  default column params).
 
-A new correction plugs in by subclassing :class:`CorrectionEstimator` and implementing
-``_fit_transform(vectors_df, vector_col, d) -> (FittedTransform, n)``. When its model writes more than
-``outputCol`` (cluster recentering also writes the cluster id), it sets ``model_class`` to a
-:class:`CorrectionModel` subclass that overrides :meth:`CorrectionModel.extra_output_fields` and
-:meth:`CorrectionModel.batch_outputs`, and registers that class for its transform method with
-:func:`register_model_class`, so :meth:`CorrectionModel.from_artifact` and :meth:`CorrectionModel.load`
-return it for such artifacts.
+A new correction plugs in by subclassing :class:`CorrectionEstimator` (registered with
+:func:`register_estimator`) and implementing ``_fit_transform(vectors_df, vector_col, d) -> (FittedTransform,
+n)``. Its model class (``model_class``, registered for its transform method with :func:`register_model_class`
+so :meth:`CorrectionModel.from_artifact` and :meth:`CorrectionModel.load` return it) may write more than
+``outputCol`` (cluster recentering also writes the cluster id) by overriding
+:meth:`CorrectionModel.extra_output_fields` and :meth:`CorrectionModel.batch_outputs`.
 """
 from __future__ import annotations
 
@@ -140,8 +142,7 @@ class CorrectionEstimator(Estimator, _CorrectionParams, DefaultParamsReadable, D
         vectors = as_double_array(dataset.select(col), col)
         d = infer_dimension(vectors, col)
         transform, n = self._fit_transform(vectors, col, d)
-        model = self.model_class(transform, n=n)
-        return self._copyValues(model)
+        return self._copyValues(self.model_class(transform, n=n)).withFittedParams()
 
     def _fit_transform(self, vectors: DataFrame, col: str, d: int) -> tuple[FittedTransform, int]:
         """Fit on ``vectors`` (column ``col`` array<double> of length d) → (transform, vectors used)."""
@@ -256,8 +257,12 @@ class CorrectionModel(Model, _CorrectionParams, MLReadable, MLWritable):
             raise ArtifactError(f"a {artifact.transform.method} artifact loads as {model_cls.__name__}, "
                                 f"not as {cls.__name__}")
         model = model_cls(artifact.transform, artifact.manifest["n"], artifact.manifest["fitted_on"])
-        fitted = {name: value for name, value in artifact.transform.params().items() if model.hasParam(name)}
-        return model._set(**fitted, inputCol=inputCol, outputCol=outputCol)
+        return model.withFittedParams()._set(inputCol=inputCol, outputCol=outputCol)
+
+    def withFittedParams(self) -> "CorrectionModel":
+        """Set every Param the fitted transform records (e.g. the measured ``D``, whitening's ``k``)."""
+        fitted = {name: value for name, value in self.transform_.params().items() if self.hasParam(name)}
+        return self._set(**fitted)
 
     def setFittedOn(self, table: TableRef) -> "CorrectionModel":
         self.fitted_on = {"path": table.path, "format": table.format, "version": table.version}

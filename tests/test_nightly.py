@@ -195,3 +195,22 @@ def test_mixture_is_recentred_per_cluster(spark, tmp_path):
     # each cluster is one population: the labels are preserved by the assignment
     by_cluster = {c: {labels[r["id"]] for r in rows if r["cluster_id"] == c} for c in (0, 1)}
     assert sorted(len(v) for v in by_cluster.values()) == [1, 1]
+
+
+def test_file_uris_end_to_end(spark, tmp_path):
+    """Every table, artifact and run record addressed by a file:// URI: publish, then a no-op re-run."""
+    ids, X, tokens = corpus()
+    uri = f"file://{tmp_path}"
+    write_input(spark, f"{uri}/embeddings", ids, X, tokens)
+    conf = job_config(tmp_path, input=f"{uri}/embeddings", output=f"{uri}/corrected", method="center",
+                      quarantine_path=f"{uri}/quarantine", artifacts_dir=f"{uri}/transforms",
+                      runs_dir=f"{uri}/runs", runs_table=f"{uri}/runs_table")
+    assert nightly.main(["--conf", conf]) == 0
+    first = record(tmp_path, "published")
+    assert first["input"] == {"path": f"{uri}/embeddings", "version": 0}
+    assert first["applied"]["artifact"].startswith(f"{uri}/transforms/center-")
+    assert load_artifact(first["applied"]["artifact"]).transform_version == first["applied"]["transform_version"]
+    published = table(spark, str(tmp_path / "corrected"))
+    assert max(np.abs(published[i] - (X[i] - X.mean(0))).max() for i in ids) < 1e-10
+    assert nightly.main(["--conf", conf]) == 0
+    assert record(tmp_path)["status"] == "noop" and len(history(spark, str(tmp_path / "corrected"))) == 1
