@@ -5,7 +5,10 @@
   ``eigh``; it returns a :class:`CorrectionModel`.
 * :class:`CorrectionModel` — wraps any fitted :class:`~anisotropy_core.transforms.FittedTransform`;
   ``transform(df)`` maps Arrow batches through numpy with ``mapInArrow`` (no per-row Python) and writes
-  ``outputCol`` as ``array<double>`` (d_out long), keeping every other column. ``save(path)`` writes the
+  ``outputCol`` (d_out long), keeping every other column. The math runs in float64 inside each batch; the
+  output element type follows ``outputDtype``: ``same`` (default: ``array<float>`` in → ``array<float>`` out,
+  ``array<double>`` or VectorUDT in → ``array<double>`` out), ``float32`` or ``float64``. Every output value
+  is checked finite after that cast (float64 results can overflow float32). ``save(path)`` writes the
   versioned artifact (``manifest.json`` + ``arrays.npz``, see :mod:`anisotropy_core.artifact`) plus the
   pyspark.ml ``metadata/`` folder, so the model also loads as a ``PipelineModel`` stage; ``load(path)``
   accepts either (a bare artifact written by plain numpy loads with default column params).
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -34,14 +37,15 @@ from pyspark.ml.util import (DefaultParamsReadable, DefaultParamsReader, Default
                              DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter)
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, DoubleType, StructField, StructType
+from pyspark.sql.types import ArrayType, DoubleType, FloatType, StringType, StructField, StructType
 
 from anisotropy_core.artifact import Artifact, ArtifactError, build_manifest, load_artifact, save_artifact
 from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import DEFAULT_EPS, FittedTransform, fit_abtt, fit_center, fit_whitening
 
 from .arrow import batch_matrix, matrix_column
-from .io import TableRef, as_double_array, infer_dimension
+from .contract import REASON_COLUMN, check_batch, first_invalid_error
+from .io import TableRef, as_vector_array, first_vector_length, infer_dimension
 from .moments import corpus_moments
 
 
@@ -64,14 +68,14 @@ class CorrectionEstimator(Estimator, _CorrectionParams, DefaultParamsReadable, D
 
     def _fit(self, dataset: DataFrame) -> "CorrectionModel":
         col = self.getInputCol()
-        vectors = as_double_array(dataset.select(col), col)
+        vectors = as_vector_array(dataset.select(col), col)
         d = infer_dimension(vectors, col)
         transform, n = self._fit_transform(vectors, col, d)
         model = self.model_class(transform, n=n)
         return self._copyValues(model)
 
     def _fit_transform(self, vectors: DataFrame, col: str, d: int) -> tuple[FittedTransform, int]:
-        """Fit on ``vectors`` (column ``col`` array<double> of length d) → (transform, vectors used)."""
+        """Fit on ``vectors`` (column ``col`` array<float|double> of length d) → (transform, vectors used)."""
         state = corpus_moments(vectors, col, d)
         return self._fit_moments(state), state.n
 
@@ -143,8 +147,13 @@ class CorrectionModel(Model, _CorrectionParams, MLReadable, MLWritable):
     ``fitted_on``: {"path", "format", "version"} of the fit table or None (recorded in the artifact).
     """
 
+    outputDtype = Param(Params._dummy(), "outputDtype",
+                        "element type of outputCol: same (as inputCol; VectorUDT counts as float64) | float32 | float64",
+                        typeConverter=TypeConverters.toString)
+
     def __init__(self, transform: FittedTransform | None = None, n: int = 0, fitted_on: dict | None = None):
         super().__init__()
+        self._setDefault(outputDtype="same")
         self.transform_ = transform
         self.n = int(n)
         self.fitted_on = fitted_on
@@ -172,6 +181,11 @@ class CorrectionModel(Model, _CorrectionParams, MLReadable, MLWritable):
     def setOutputCol(self, value: str) -> "CorrectionModel":
         return self._set(outputCol=value)
 
+    def setOutputDtype(self, value: str) -> "CorrectionModel":
+        if value not in OUTPUT_DTYPES:
+            raise ValueError(f"outputDtype must be one of {sorted(OUTPUT_DTYPES)}, got {value!r}")
+        return self._set(outputDtype=value)
+
     @property
     def transform_version(self) -> str:
         """``<method>-<hash12>``, identical to the saved artifact's."""
@@ -188,18 +202,26 @@ class CorrectionModel(Model, _CorrectionParams, MLReadable, MLWritable):
         return None
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
+        return self.transform_checked(dataset)
+
+    def transform_checked(self, dataset: DataFrame, checks: "RowChecks | None" = None) -> DataFrame:
+        """:meth:`transform`, optionally checking every row against the input contract in the same pass
+        (``checks``, see :class:`RowChecks`). Raises :class:`ArtifactError` if the first vector's length is not
+        the transform's input dimension."""
         col, out = self.getInputCol(), self.getOutputCol()
-        df = as_double_array(dataset, col)
-        first = df.where(F.col(col).isNotNull()).select(F.size(col).alias("d")).first()
-        if first is not None and first["d"] != self.transform_.d_in:
-            raise ArtifactError(f"column {col!r} holds vectors of dimension {first['d']} but the "
+        df = as_vector_array(dataset, col)
+        first = first_vector_length(df, col)
+        if first is not None and first != self.transform_.d_in:
+            raise ArtifactError(f"column {col!r} holds vectors of dimension {first} but the "
                                 f"{self.transform_.method} transform was fitted on dimension {self.transform_.d_in}")
+        out_type = output_element_type(self.getOrDefault(self.outputDtype), df.schema[col].dataType.elementType)
         extra = self.extra_output_fields()
-        written = {out, *(f.name for f in extra)}
+        reason = [StructField(REASON_COLUMN, StringType(), True)] if checks and checks.tag_invalid else []
+        written = {out, *(f.name for f in extra + reason)}
         fields = [f for f in df.schema.fields if f.name not in written]
-        schema = StructType(fields + [StructField(out, ArrayType(DoubleType()), True)] + extra)
+        schema = StructType(fields + [StructField(out, ArrayType(out_type), True)] + extra + reason)
         return df.mapInArrow(apply_batches(self.transform_, col, out, [f.name for f in extra],
-                                           self.batch_outputs()), schema)
+                                           self.batch_outputs(), numpy_dtype(out_type), checks), schema)
 
     def write(self) -> MLWriter:
         return _CorrectionWriter(self)
@@ -210,12 +232,38 @@ class CorrectionModel(Model, _CorrectionParams, MLReadable, MLWritable):
 
 
 BatchOutputs = Callable[[np.ndarray], "tuple[np.ndarray, list[pa.Array]]"]
+OUTPUT_DTYPES = {"same", "float32", "float64"}
+
+
+class RowChecks(NamedTuple):
+    """The input contract checked inside the transform pass (:func:`~anisotropy_spark.contract.check_batch`).
+
+    ``id_col``: named in errors. ``tag_invalid`` False: the first invalid row raises
+    :class:`~anisotropy_spark.contract.InvalidRowsError` in the worker (``on_invalid: error``); True: invalid
+    rows are kept with a null output vector and their reason in ``invalid_reason`` (for counting and filtering).
+    """
+
+    id_col: str
+    tag_invalid: bool
+
+
+def output_element_type(output_dtype: str, input_type: FloatType | DoubleType) -> FloatType | DoubleType:
+    """Spark element type of the output vectors for ``output_dtype`` (same | float32 | float64)."""
+    if output_dtype == "same":
+        return input_type
+    return FloatType() if output_dtype == "float32" else DoubleType()
+
+
+def numpy_dtype(element_type: FloatType | DoubleType) -> type:
+    return np.float32 if isinstance(element_type, FloatType) else np.float64
 
 
 def apply_batches(transform: FittedTransform, vector_col: str, output_col: str, extra_cols: Sequence[str] = (),
-                  outputs: BatchOutputs | None = None):
-    """``mapInArrow`` function: each batch's (B, d_in) vectors → (B, d_out) ``output_col``, then the
-    ``extra_cols`` (each a length-B Arrow array), replacing input columns of the same names.
+                  outputs: BatchOutputs | None = None, output_dtype: type = np.float64,
+                  checks: RowChecks | None = None):
+    """``mapInArrow`` function: each batch's (B, d_in) vectors → (B, d_out) ``output_col`` of ``output_dtype``
+    (computed in float64, then cast and checked finite), then the ``extra_cols`` (each a length-B Arrow
+    array), replacing input columns of the same names; with ``checks``, see :class:`RowChecks`.
 
     ``outputs``: (B, d_in) → ((B, d_out), [one array per extra column]); default ``transform.apply`` and no
     extra columns. Errors name the batch row and, when the batch has other columns, that row's values (e.g.
@@ -224,22 +272,54 @@ def apply_batches(transform: FittedTransform, vector_col: str, output_col: str, 
     d = transform.d_in
     extra_cols = list(extra_cols)
     compute = outputs if outputs is not None else (lambda x: (transform.apply(x), []))
-    written = [output_col] + extra_cols
+    written = [output_col] + extra_cols + ([REASON_COLUMN] if checks and checks.tag_invalid else [])
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
+            valid, reasons = None, []
+            if checks is None:
+                matrix = batch_matrix(batch, vector_col, d)
+            else:
+                checked = check_batch(batch, vector_col, checks.id_col, d)
+                if checked.reasons is not None:
+                    if not checks.tag_invalid:
+                        raise first_invalid_error(checked, batch, vector_col, checks.id_col)
+                    valid = checked.valid
+                matrix = checked.matrix
+                if checks.tag_invalid:
+                    reasons = [pa.array(checked.reasons if valid is not None else [None] * batch.num_rows,
+                                        pa.string())]
             try:
-                result, extra = compute(batch_matrix(batch, vector_col, d))
+                result, extra = compute(matrix)
             except ValueError as exc:
                 row = getattr(exc, "row", None)
+                if row is not None and valid is not None:
+                    row = int(np.flatnonzero(valid)[row])
                 raise ValueError(f"{exc} [{row_context(batch, row, vector_col)}]") from exc
             if len(extra) != len(extra_cols):
                 raise ValueError(f"batch function returned {len(extra)} extra columns, expected {extra_cols}")
+            result = result.astype(output_dtype, copy=False)
+            finite = np.isfinite(result).all(axis=1)
+            if not finite.all():
+                row = int(np.argmin(finite)) if valid is None else int(np.flatnonzero(valid)[np.argmin(finite)])
+                raise ValueError(f"non-finite output value after the cast to {np.dtype(output_dtype).name} "
+                                 f"[{row_context(batch, row, vector_col)}]")
             names = [n for n in batch.schema.names if n not in written]
             columns = [batch.column(batch.schema.get_field_index(n)) for n in names]
-            yield pa.RecordBatch.from_arrays(columns + [matrix_column(result)] + list(extra), names + written)
+            yield pa.RecordBatch.from_arrays(
+                columns + [matrix_column(result, output_dtype, valid)] + [spread(e, valid) for e in extra] + reasons,
+                names + written)
 
     return run
+
+
+def spread(values: pa.Array, valid: np.ndarray | None) -> pa.Array:
+    """A per-valid-row array placed back at the ``valid`` rows of the batch, null elsewhere (None: as is)."""
+    if valid is None:
+        return values
+    index = np.zeros(len(valid), dtype=np.int64)
+    index[valid] = np.arange(int(valid.sum()))
+    return values.take(pa.array(index, mask=~valid))
 
 
 def row_context(batch: pa.RecordBatch, row: int | None, vector_col: str) -> str:

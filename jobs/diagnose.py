@@ -11,9 +11,12 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import logging
 import os
 import sys
+import time
 import uuid
+from contextlib import contextmanager
 from typing import Literal
 
 if __package__ in (None, ""):  # spark-submit runs this file as a script: make the project importable
@@ -22,14 +25,18 @@ if __package__ in (None, ""):  # spark-submit runs this file as a script: make t
 import numpy as np
 from pyspark.sql import DataFrame, SparkSession
 
-from anisotropy_core.diagnostics import plain_scalar
+from anisotropy_core.diagnostics import diagnose, plain_scalar
 from anisotropy_core.isotropy_measures import isoscore_from_spectrum, partition_ratio, sampling_noise, sign_structure_null
 from anisotropy_core.report import write_report_assets
-from anisotropy_spark.diagnostics import diagnose_dataframe, sample_rows, u1_artefact_test
-from anisotropy_spark.io import as_double_array, read_table, validate
+from anisotropy_spark.diagnostics import sample_rows, u1_artefact_test
+from anisotropy_spark.io import (InvalidRowsError, as_vector_array, infer_dimension, read_table, require_column,
+                                 settle_invalid, valid_rows)
+from anisotropy_spark.moments import checked_moments
 from anisotropy_spark.kmeans import fit_kmeans, spark_cluster_diagnostics
 from anisotropy_spark.session import get_spark
 from jobs.config import config_hash, parse_args, quarantine_problems
+
+log = logging.getLogger("anisotropy.diagnose")
 
 SCALAR_METRICS = ["n", "d", "offset_ratio", "anisotropy_A", "isotropic_sd", "top1_var", "top10_var",
                   "effective_rank", "erank_frac", "mean_norm_ratio", "raw_top1_share", "numerical_rank",
@@ -99,22 +106,41 @@ class DiagnoseConfig:
 def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
     """Read, validate, diagnose and run the artefact test; returns the full JSON-ready report.
 
+    Passes over the table: the moments pass (which also checks every row against the input contract), the
+    quarantine extraction (only when invalid rows exist), the artefact test (only with metadata or label
+    columns), the sample, and k-means (only with ``clusters``). Nothing is cached; each stage logs one line.
+
     The result's private ``_sample`` entry holds (vectors (m, d), {metadata column: (m,)}), a random sample of
     at most ``sample_size`` valid rows used for the in-memory measures and the pictures; it is not serialised.
     """
-    df, ref = read_table(spark, config.input, config.input_version)
-    checked = validate(as_double_array(df, config.vector_col), config.vector_col, config.id_col,
-                       config.dimension, config.on_invalid, config.quarantine_path)
-    try:
-        report = diagnose_dataframe(checked.valid, config.vector_col, checked.dimension)
-        artefact = u1_artefact_test(checked.valid, config.vector_col, report, config.metadata_cols,
-                                    config.label_col)
-        sample = sample_rows(checked.valid, config.vector_col, checked.dimension, config.metadata_cols,
-                             config.sample_size)
-        per_cluster = per_cluster_table(checked.valid, config, checked.dimension, report["n"]) \
-            if config.clusters else None
-    finally:
-        checked.release()
+    vector_col, id_col = config.vector_col, config.id_col
+    with stage("read") as info:
+        df, ref = read_table(spark, config.input, config.input_version)
+        vectors = as_vector_array(df, vector_col)
+        require_column(vectors, id_col, "id")
+        d = config.dimension if config.dimension is not None else infer_dimension(vectors, vector_col)
+        info.update(dimension=d)
+    with stage("moments") as info:
+        state, tally = checked_moments(vectors, vector_col, id_col, d)
+        info.update(rows=state.n + tally.total, invalid=tally.total)
+    with stage("invalid") as info:
+        settle_invalid(vectors, tally, vector_col, id_col, d, config.on_invalid, config.quarantine_path)
+        info.update(rows=tally.total, action=config.on_invalid)
+    if state.n == 0:
+        raise InvalidRowsError(f"no valid rows left in column {vector_col!r} after validation ({tally.counts})")
+    report = diagnose(state)
+    valid = valid_rows(vectors, vector_col, id_col, d, tally)
+    with stage("artefact") as info:
+        artefact = u1_artefact_test(valid, vector_col, report, config.metadata_cols, config.label_col)
+        info.update(rows=state.n if config.metadata_cols or config.label_col else 0)
+    with stage("sample") as info:
+        sample = sample_rows(valid, vector_col, d, config.metadata_cols, config.sample_size, total=state.n)
+        info.update(rows=int(sample[0].shape[0]))
+    per_cluster = None
+    if config.clusters:
+        with stage("clusters") as info:
+            per_cluster = per_cluster_table(valid, config, d, report["n"])
+            info.update(rows=state.n)
     noise = sampling_noise(report)
     sign_null = sign_structure_null(sample[0])
     report.update(isoscore=isoscore_from_spectrum(report["spectrum"]), A_noise_z=noise["A_z"],
@@ -125,8 +151,8 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "input": dataclasses.asdict(ref),
         "config_hash": config_hash(config),
-        "invalid_rows": checked.invalid_count,
-        "invalid_by_reason": checked.invalid_by_reason,
+        "invalid_rows": tally.total,
+        "invalid_by_reason": tally.counts,
         "metrics": {k: plain_scalar(report[k]) for k in SCALAR_METRICS},
         "sampling_noise": noise,
         "sign_structure": sign_null,
@@ -138,6 +164,16 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
         "per_cluster": per_cluster,
         "_sample": sample,
     }
+
+
+@contextmanager
+def stage(name: str):
+    """Log one line for the stage: its name, the numbers the body put in the yielded dict, and seconds."""
+    info: dict = {}
+    start = time.perf_counter()
+    yield info
+    details = " ".join(f"{k}={v}" for k, v in info.items())
+    log.info("stage %s %s seconds=%.2f", name, details, time.perf_counter() - start)
 
 
 def per_cluster_table(valid: DataFrame, config: DiagnoseConfig, dimension: int, n: int) -> dict:
@@ -231,6 +267,7 @@ def picture_report(result: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     config, _ = parse_args(DiagnoseConfig, argv, "Diagnose the anisotropy of an embedding table")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spark = get_spark("anisotropy-diagnose", master=config.master)
     result = run_diagnosis(spark, config)
     print(write_outputs(spark, config, result))

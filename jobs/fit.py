@@ -23,7 +23,7 @@ from anisotropy_core.artifact import load_artifact
 from anisotropy_core.transforms import DEFAULT_EPS
 from anisotropy_spark.estimators import (AllButTheTopEstimator, CenterEstimator, CorrectionEstimator,
                                          WhiteningEstimator)
-from anisotropy_spark.io import as_double_array, read_table, validate
+from anisotropy_spark.io import as_vector_array, read_table, validate
 from anisotropy_spark.kmeans import ClusterRecenterEstimator
 from anisotropy_spark.session import get_spark
 from jobs.config import parse_args, quarantine_problems
@@ -86,12 +86,9 @@ def estimator_for(config: FitConfig) -> CorrectionEstimator:
 def run_fit(spark: SparkSession, config: FitConfig) -> dict:
     """Fit and save; returns the saved (hash-verified, reloaded) manifest."""
     df, ref = read_table(spark, config.input, config.input_version)
-    checked = validate(as_double_array(df, config.vector_col), config.vector_col, config.id_col, None,
+    checked = validate(as_vector_array(df, config.vector_col), config.vector_col, config.id_col, None,
                        config.on_invalid, config.quarantine_path)
-    try:
-        model = estimator_for(config).fit(checked.valid).setFittedOn(ref)
-    finally:
-        checked.release()
+    model = estimator_for(config).fit(checked.valid).setFittedOn(ref)
     model.write().overwrite().save(config.artifact)
     return load_artifact(config.artifact).manifest
 

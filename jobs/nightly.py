@@ -68,7 +68,7 @@ from anisotropy_core.diagnostics import plain_scalar
 from anisotropy_core.decision import DecisionThresholds, Recommendation, recommend
 from anisotropy_spark.diagnostics import diagnose_dataframe, u1_artefact_test
 from anisotropy_spark.estimators import CorrectionModel
-from anisotropy_spark.io import InvalidRowsError, TableRef, as_double_array, is_delta_table, read_table, validate
+from anisotropy_spark.io import InvalidRowsError, TableRef, as_vector_array, is_delta_table, read_table, validate
 from anisotropy_spark.kmeans import ClusterRecenterEstimator, fit_kmeans, spark_cluster_diagnostics
 from anisotropy_spark.session import get_spark
 from jobs.apply import VERSION_COLUMN
@@ -111,6 +111,7 @@ class NightlyConfig:
     vector_col: str = "vector"
     id_col: str = "id"
     output_vector_col: str | None = None
+    output_dtype: Literal["same", "float32", "float64"] = "same"
     dimension: int | None = None
     metadata_cols: list[str] = dataclasses.field(default_factory=list)
     label_col: str | None = None
@@ -433,12 +434,16 @@ def save_fit(config: NightlyConfig, model: CorrectionModel, method: str, params:
 
 
 def apply_transform(model: CorrectionModel | None, df: DataFrame, config: NightlyConfig, version: str) -> DataFrame:
-    """Output rows of ``df``: every input column, ``out_col`` = corrected vector (array<double>), the
-    ``transform_version`` column (and ``cluster_id`` for cluster recentering). ``model`` None = method none."""
+    """Output rows of ``df``: every input column, ``out_col`` = corrected vector (element type per
+    ``output_dtype``), the ``transform_version`` column (and ``cluster_id`` for cluster recentering).
+    ``model`` None = method none (the vectors as they are, cast when ``output_dtype`` is not ``same``)."""
     if model is None:
-        out = df.withColumn(config.out_col, F.col(config.vector_col))
+        vectors = F.col(config.vector_col)
+        if config.output_dtype != "same":
+            vectors = vectors.cast(f"array<{'float' if config.output_dtype == 'float32' else 'double'}>")
+        out = df.withColumn(config.out_col, vectors)
     else:
-        out = model.transform(df)
+        out = model.setOutputDtype(config.output_dtype).transform(df)
     if config.out_col != config.vector_col:
         out = out.drop(config.vector_col)
     return out.withColumn(VERSION_COLUMN, F.lit(version))
@@ -574,12 +579,9 @@ def run_nightly(spark: SparkSession, config: NightlyConfig, run: Run | None = No
         return rec
 
     with run.stage("validate"):
-        checked = validate(as_double_array(df, config.vector_col), config.vector_col, config.id_col,
+        checked = validate(as_vector_array(df, config.vector_col), config.vector_col, config.id_col,
                            config.dimension, config.on_invalid, config.quarantine_path)
-    try:
-        return _after_validation(spark, config, run, ref, state, checked)
-    finally:
-        checked.release()
+    return _after_validation(spark, config, run, ref, state, checked)
 
 
 def _after_validation(spark, config, run, ref, state, checked) -> dict:
