@@ -6,7 +6,8 @@ import pyarrow as pa
 
 
 def batch_matrix(batch: pa.RecordBatch, vector_col: str, dimension: int) -> np.ndarray:
-    """(B, dimension) float64 view of a validated ``array<double>`` column of an Arrow batch.
+    """(B, dimension) float64 matrix of a validated ``array<float|double>`` column of an Arrow batch
+    (float32 values are cast here, one batch at a time).
 
     Raises ValueError naming the batch row if a vector is null or has another length, so a contract
     violation can never be silently reshaped into the wrong rows.
@@ -26,9 +27,17 @@ def batch_matrix(batch: pa.RecordBatch, vector_col: str, dimension: int) -> np.n
     return values[start:start + len(column) * dimension].reshape(len(column), dimension)
 
 
-def matrix_column(matrix: np.ndarray) -> pa.Array:
-    """Arrow ``list<double>`` array from a (B, d) float matrix, one list per row."""
-    matrix = np.ascontiguousarray(matrix, dtype=np.float64)
+def matrix_column(matrix: np.ndarray, dtype: type = np.float64, valid: np.ndarray | None = None) -> pa.Array:
+    """Arrow ``list<float|double>`` (per ``dtype``) array from a (B, d) matrix, one list per row.
+
+    ``valid``: optional (N,) bool mask with B true entries; the result then has N rows, the matrix rows at the
+    true entries and null lists elsewhere.
+    """
+    matrix = np.ascontiguousarray(matrix, dtype=dtype)
     rows, d = matrix.shape
-    offsets = pa.array(np.arange(0, (rows + 1) * d, d, dtype=np.int32))
+    if valid is None:
+        offsets = pa.array(np.arange(0, (rows + 1) * d, d, dtype=np.int32))
+        return pa.ListArray.from_arrays(offsets, pa.array(matrix.ravel()))
+    lengths = np.where(valid, d, 0).astype(np.int32)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths, dtype=np.int32)]), mask=np.concatenate([~valid, [False]]))
     return pa.ListArray.from_arrays(offsets, pa.array(matrix.ravel()))

@@ -17,7 +17,7 @@ PROJECTION_COL = "u1_projection"
 
 
 def diagnose_dataframe(df: DataFrame, vector_col: str, dimension: int) -> Diagnosis:
-    """:func:`anisotropy_core.diagnose` of the valid rows of ``df`` (``array<double>`` vectors)."""
+    """:func:`anisotropy_core.diagnose` of the valid rows of ``df`` (``array<float|double>`` vectors)."""
     return diagnose(corpus_moments(df, vector_col, dimension))
 
 
@@ -59,12 +59,13 @@ def u1_artefact_test(df: DataFrame, vector_col: str, report: dict, metadata_cols
 
 
 def sample_rows(df: DataFrame, vector_col: str, dimension: int, columns: list[str], size: int,
-                seed: int = 0) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+                seed: int = 0, total: int | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """A random sample of about ``size`` valid rows on the driver, for pictures and in-memory measures.
 
-    Returns ``(vectors (m, d) float64, {column: (m,) array})`` with m ≤ ``size``.
+    ``total``: the rows of ``df`` when already known (saves a counting pass). Returns
+    ``(vectors (m, d) float64, {column: (m,) array})`` with m ≤ ``size``.
     """
-    total = df.count()
+    total = df.count() if total is None else total
     fraction = min(1.0, 1.5 * size / max(total, 1))
     rows = df.select(vector_col, *columns).sample(fraction=fraction, seed=seed).limit(size).toArrow()
     vectors = batch_matrix(rows.combine_chunks().to_batches()[0], vector_col, dimension) if rows.num_rows \

@@ -6,12 +6,14 @@ method registry (:func:`estimator_for`).
   ``eigh``; it returns a :class:`CorrectionModel` (:class:`AllButTheTopModel`, :class:`WhiteningModel`: the
   Params of :mod:`anisotropy_spark.params` on both sides, pyspark.ml style).
 * :class:`CorrectionModel` — wraps any fitted :class:`~anisotropy_core.transforms.FittedTransform`;
-  ``transform(df)`` only builds a plan that maps Arrow batches through numpy with ``mapInArrow`` (no per-row
-  Python) and writes ``outputCol`` as ``array<double>`` (d_out long), keeping every other column.
-  ``save(path)`` writes the versioned artifact (``manifest.json`` + ``arrays.npz``, see
-  :mod:`anisotropy_core.artifact`) plus the pyspark.ml ``metadata/`` folder, so the model also loads as a
-  ``PipelineModel`` stage; ``load(path)`` accepts either (a bare artifact written by plain numpy loads with
-  default column params).
+  ``transform(df)`` only builds a plan (no Spark job) that maps Arrow batches through numpy with ``mapInArrow`` (no per-row Python) and writes
+  ``outputCol`` (d_out long), keeping every other column. The math runs in float64 inside each batch; the
+  output element type follows ``outputDtype``: ``same`` (default: ``array<float>`` in → ``array<float>`` out,
+  ``array<double>`` or VectorUDT in → ``array<double>`` out), ``float32`` or ``float64``. Every output value
+  is checked finite after that cast (float64 results can overflow float32). ``save(path)`` writes the
+  versioned artifact (``manifest.json`` + ``arrays.npz``, see :mod:`anisotropy_core.artifact`) plus the
+  pyspark.ml ``metadata/`` folder, so the model also loads as a ``PipelineModel`` stage; ``load(path)``
+  accepts either (a bare artifact written by plain numpy loads with default column params).
 
 A new correction plugs in by subclassing :class:`CorrectionEstimator` (registered with
 :func:`register_estimator`) and implementing ``_fit_transform(vectors_df, vector_col, d) -> (FittedTransform,
@@ -23,7 +25,7 @@ so :meth:`CorrectionModel.from_artifact` and :meth:`CorrectionModel.load` return
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -32,7 +34,7 @@ from pyspark.ml import Estimator, Model
 from pyspark.ml.util import (DefaultParamsReadable, DefaultParamsReader, DefaultParamsWritable,
                              DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter)
 from pyspark.sql import DataFrame
-from pyspark.sql.types import ArrayType, DoubleType, StructField, StructType
+from pyspark.sql.types import ArrayType, DoubleType, FloatType, StringType, StructField, StructType
 
 from anisotropy_core import storage
 from anisotropy_core.artifact import Artifact, ArtifactError, build_manifest, load_artifact, save_artifact
@@ -40,9 +42,10 @@ from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import DEFAULT_EPS, FittedTransform, fit_abtt, fit_center, fit_whitening
 
 from .arrow import batch_matrix, matrix_column
-from .io import TableRef, as_double_array, infer_dimension
+from .contract import REASON_COLUMN, check_batch, first_invalid_error
+from .io import TableRef, as_vector_array, infer_dimension
 from .moments import corpus_moments
-from .params import _AllButTheTopParams, _CorrectionParams, _WhiteningParams, param_name
+from .params import OUTPUT_DTYPES, HasOutputDtype, _AllButTheTopParams, _CorrectionParams, _WhiteningParams, param_name
 
 
 _MODEL_CLASSES: dict[str, type["CorrectionModel"]] = {}
@@ -139,13 +142,13 @@ class CorrectionEstimator(Estimator, _CorrectionParams, DefaultParamsReadable, D
 
     def _fit(self, dataset: DataFrame) -> "CorrectionModel":
         col = self.getInputCol()
-        vectors = as_double_array(dataset.select(col), col)
+        vectors = as_vector_array(dataset.select(col), col)
         d = infer_dimension(vectors, col)
         transform, n = self._fit_transform(vectors, col, d)
         return self._copyValues(self.model_class(transform, n=n)).withFittedParams()
 
     def _fit_transform(self, vectors: DataFrame, col: str, d: int) -> tuple[FittedTransform, int]:
-        """Fit on ``vectors`` (column ``col`` array<double> of length d) → (transform, vectors used)."""
+        """Fit on ``vectors`` (column ``col`` array<float|double> of length d) → (transform, vectors used)."""
         state = corpus_moments(vectors, col, d)
         return self._fit_moments(state), state.n
 
@@ -235,7 +238,7 @@ class WhiteningEstimator(CorrectionEstimator, _WhiteningParams):
                              zca=self.getZca(), normalize=self.getNormalize())
 
 
-class CorrectionModel(Model, _CorrectionParams, MLReadable, MLWritable):
+class CorrectionModel(Model, _CorrectionParams, HasOutputDtype, MLReadable, MLWritable):
     """A fitted correction applied batch-wise. ``transform_``: the numpy transform; ``n``: fit size;
     ``fitted_on``: {"path", "format", "version"} of the fit table or None (recorded in the artifact).
     """
@@ -275,9 +278,18 @@ class CorrectionModel(Model, _CorrectionParams, MLReadable, MLWritable):
         return self._set(outputCol=value)
 
     @keyword_only
-    def setParams(self, *, inputCol: str | None = None, outputCol: str | None = None) -> "CorrectionModel":
-        """The model's settable Params: its columns (the fitted Params are read-only on a model)."""
-        return self._set(**self._input_kwargs)
+    def setParams(self, *, inputCol: str | None = None, outputCol: str | None = None,
+                  outputDtype: str | None = None) -> "CorrectionModel":
+        """The model's settable Params: its columns and output element type (the fitted Params are read-only
+        on a model)."""
+        if self._input_kwargs.get("outputDtype") is not None:
+            self.setOutputDtype(self._input_kwargs["outputDtype"])
+        return self._set(**{k: v for k, v in self._input_kwargs.items() if k != "outputDtype"})
+
+    def setOutputDtype(self, value: str) -> "CorrectionModel":
+        if value not in OUTPUT_DTYPES:
+            raise ValueError(f"outputDtype must be one of {sorted(OUTPUT_DTYPES)}, got {value!r}")
+        return self._set(outputDtype=value)
 
     @property
     def transform_version(self) -> str:
@@ -295,16 +307,22 @@ class CorrectionModel(Model, _CorrectionParams, MLReadable, MLWritable):
         return None
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
-        """Only builds the plan (no Spark job): a vector whose dimension is not the transform's ``d_in``
-        fails the action that runs it, naming the batch row."""
+        return self.transform_checked(dataset)
+
+    def transform_checked(self, dataset: DataFrame, checks: "RowChecks | None" = None) -> DataFrame:
+        """:meth:`transform`, optionally checking every row against the input contract in the same pass
+        (``checks``, see :class:`RowChecks`). Only builds the plan (no Spark job): a vector whose dimension is
+        not the transform's ``d_in`` fails the action that runs it, naming the batch row."""
         col, out = self.getInputCol(), self.getOutputCol()
-        df = as_double_array(dataset, col)
+        df = as_vector_array(dataset, col)
+        out_type = output_element_type(self.getOrDefault(self.outputDtype), df.schema[col].dataType.elementType)
         extra = self.extra_output_fields()
-        written = {out, *(f.name for f in extra)}
+        reason = [StructField(REASON_COLUMN, StringType(), True)] if checks and checks.tag_invalid else []
+        written = {out, *(f.name for f in extra + reason)}
         fields = [f for f in df.schema.fields if f.name not in written]
-        schema = StructType(fields + [StructField(out, ArrayType(DoubleType()), True)] + extra)
+        schema = StructType(fields + [StructField(out, ArrayType(out_type), True)] + extra + reason)
         return df.mapInArrow(apply_batches(self.transform_, col, out, [f.name for f in extra],
-                                           self.batch_outputs()), schema)
+                                           self.batch_outputs(), numpy_dtype(out_type), checks), schema)
 
     def write(self) -> MLWriter:
         return _CorrectionWriter(self)
@@ -317,10 +335,35 @@ class CorrectionModel(Model, _CorrectionParams, MLReadable, MLWritable):
 BatchOutputs = Callable[[np.ndarray], "tuple[np.ndarray, list[pa.Array]]"]
 
 
+class RowChecks(NamedTuple):
+    """The input contract checked inside the transform pass (:func:`~anisotropy_spark.contract.check_batch`).
+
+    ``id_col``: named in errors. ``tag_invalid`` False: the first invalid row raises
+    :class:`~anisotropy_spark.contract.InvalidRowsError` in the worker (``on_invalid: error``); True: invalid
+    rows are kept with a null output vector and their reason in ``invalid_reason`` (for counting and filtering).
+    """
+
+    id_col: str
+    tag_invalid: bool
+
+
+def output_element_type(output_dtype: str, input_type: FloatType | DoubleType) -> FloatType | DoubleType:
+    """Spark element type of the output vectors for ``output_dtype`` (same | float32 | float64)."""
+    if output_dtype == "same":
+        return input_type
+    return FloatType() if output_dtype == "float32" else DoubleType()
+
+
+def numpy_dtype(element_type: FloatType | DoubleType) -> type:
+    return np.float32 if isinstance(element_type, FloatType) else np.float64
+
+
 def apply_batches(transform: FittedTransform, vector_col: str, output_col: str, extra_cols: Sequence[str] = (),
-                  outputs: BatchOutputs | None = None):
-    """``mapInArrow`` function: each batch's (B, d_in) vectors → (B, d_out) ``output_col``, then the
-    ``extra_cols`` (each a length-B Arrow array), replacing input columns of the same names.
+                  outputs: BatchOutputs | None = None, output_dtype: type = np.float64,
+                  checks: RowChecks | None = None):
+    """``mapInArrow`` function: each batch's (B, d_in) vectors → (B, d_out) ``output_col`` of ``output_dtype``
+    (computed in float64, then cast and checked finite), then the ``extra_cols`` (each a length-B Arrow
+    array), replacing input columns of the same names; with ``checks``, see :class:`RowChecks`.
 
     ``outputs``: (B, d_in) → ((B, d_out), [one array per extra column]); default ``transform.apply`` and no
     extra columns. Errors name the batch row and, when the batch has other columns, that row's values (e.g.
@@ -329,22 +372,54 @@ def apply_batches(transform: FittedTransform, vector_col: str, output_col: str, 
     d = transform.d_in
     extra_cols = list(extra_cols)
     compute = outputs if outputs is not None else (lambda x: (transform.apply(x), []))
-    written = [output_col] + extra_cols
+    written = [output_col] + extra_cols + ([REASON_COLUMN] if checks and checks.tag_invalid else [])
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
+            valid, reasons = None, []
+            if checks is None:
+                matrix = batch_matrix(batch, vector_col, d)
+            else:
+                checked = check_batch(batch, vector_col, checks.id_col, d)
+                if checked.reasons is not None:
+                    if not checks.tag_invalid:
+                        raise first_invalid_error(checked, batch, vector_col, checks.id_col)
+                    valid = checked.valid
+                matrix = checked.matrix
+                if checks.tag_invalid:
+                    reasons = [pa.array(checked.reasons if valid is not None else [None] * batch.num_rows,
+                                        pa.string())]
             try:
-                result, extra = compute(batch_matrix(batch, vector_col, d))
+                result, extra = compute(matrix)
             except ValueError as exc:
                 row = getattr(exc, "row", None)
+                if row is not None and valid is not None:
+                    row = int(np.flatnonzero(valid)[row])
                 raise ValueError(f"{exc} [{row_context(batch, row, vector_col)}]") from exc
             if len(extra) != len(extra_cols):
                 raise ValueError(f"batch function returned {len(extra)} extra columns, expected {extra_cols}")
+            result = result.astype(output_dtype, copy=False)
+            finite = np.isfinite(result).all(axis=1)
+            if not finite.all():
+                row = int(np.argmin(finite)) if valid is None else int(np.flatnonzero(valid)[np.argmin(finite)])
+                raise ValueError(f"non-finite output value after the cast to {np.dtype(output_dtype).name} "
+                                 f"[{row_context(batch, row, vector_col)}]")
             names = [n for n in batch.schema.names if n not in written]
             columns = [batch.column(batch.schema.get_field_index(n)) for n in names]
-            yield pa.RecordBatch.from_arrays(columns + [matrix_column(result)] + list(extra), names + written)
+            yield pa.RecordBatch.from_arrays(
+                columns + [matrix_column(result, output_dtype, valid)] + [spread(e, valid) for e in extra] + reasons,
+                names + written)
 
     return run
+
+
+def spread(values: pa.Array, valid: np.ndarray | None) -> pa.Array:
+    """A per-valid-row array placed back at the ``valid`` rows of the batch, null elsewhere (None: as is)."""
+    if valid is None:
+        return values
+    index = np.zeros(len(valid), dtype=np.int64)
+    index[valid] = np.arange(int(valid.sum()))
+    return values.take(pa.array(index, mask=~valid))
 
 
 def row_context(batch: pa.RecordBatch, row: int | None, vector_col: str) -> str:

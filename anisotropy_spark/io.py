@@ -1,29 +1,30 @@
-"""Reading embedding tables and checking them against the input contract.
+"""Reading embedding tables and checking them against the input contract (:mod:`.contract`).
 
 Input contract: a Delta or Parquet table with an id column and a vector column of type
 ``array<float>``, ``array<double>`` or Spark ML ``VectorUDT``; every other column is metadata.
 
-Validation never drops a row silently. Each row gets an ``invalid_reason`` (null when valid):
-``null_vector``, ``wrong_dimension``, ``non_finite`` or ``zero_norm``; ``null_id`` when the id is null.
-The caller either raises :class:`InvalidRowsError` (naming the reason counts and sample ids) or
-quarantines the invalid rows with their reason into a table and reports the count.
+Validation never drops a row silently and never caches the table: the rows are checked in numpy inside an
+Arrow pass (:func:`~anisotropy_spark.contract.check_batch`), which yields a :class:`Tally` of reasons. The
+caller then either raises :class:`InvalidRowsError` (naming the reason counts and sample ids) or quarantines
+the invalid rows with their reason into a Delta table (a second pass, only when some exist). Later passes
+read the valid rows through :func:`valid_rows`, which is the table itself when nothing was invalid.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
+import pyarrow as pa
 from pyspark.ml.functions import vector_to_array
 from pyspark.ml.linalg import VectorUDT
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, DoubleType, FloatType
+from pyspark.sql.types import ArrayType, DoubleType, FloatType, StringType, StructField, StructType
 
-REASON_COLUMN = "invalid_reason"
-SAMPLE_IDS = 5
+from .contract import REASON_COLUMN, InvalidRowsError, Tally, check_batch
+from .moments import TREE_DEPTH
 
-
-class InvalidRowsError(ValueError):
-    """Input rows violate the contract and the job was configured with ``on_invalid: error``."""
+INFER_ROWS = 10_000
 
 
 @dataclass(frozen=True)
@@ -60,41 +61,94 @@ def latest_delta_version(spark: SparkSession, path: str) -> int:
     return int(DeltaTable.forPath(spark, path).history(1).select("version").first()[0])
 
 
-def as_double_array(df: DataFrame, vector_col: str) -> DataFrame:
-    """Return ``df`` with ``vector_col`` as ``array<double>``; accepts array<float|double> or VectorUDT."""
-    if vector_col not in df.columns:
-        raise ValueError(f"vector column {vector_col!r} not found; columns are {df.columns}")
+def as_vector_array(df: DataFrame, vector_col: str) -> DataFrame:
+    """Return ``df`` with ``vector_col`` as an array column: ``array<float>``/``array<double>`` unchanged (float32
+    stays float32 all the way into the Arrow batches), ``VectorUDT`` → ``array<double>``; else ValueError."""
+    require_column(df, vector_col, "vector")
     dtype = df.schema[vector_col].dataType
     if isinstance(dtype, VectorUDT):
         return df.withColumn(vector_col, vector_to_array(F.col(vector_col), "float64"))
     if isinstance(dtype, ArrayType) and isinstance(dtype.elementType, (FloatType, DoubleType)):
-        return df.withColumn(vector_col, F.col(vector_col).cast(ArrayType(DoubleType())))
+        return df
     raise ValueError(
         f"vector column {vector_col!r} has type {dtype.simpleString()}; expected array<float>, "
         "array<double> or VectorUDT"
     )
 
 
-def infer_dimension(df: DataFrame, vector_col: str) -> int:
-    """Most common length of the non-null vectors (the corpus dimension when none is configured)."""
-    row = (df.where(F.col(vector_col).isNotNull())
-           .groupBy(F.size(vector_col).alias("d")).count()
-           .orderBy(F.desc("count"), F.desc("d")).first())
+def first_vector_length(df: DataFrame, vector_col: str) -> int | None:
+    """Length of the first non-null vector of ``df`` (reads one row), None when there is none."""
+    first = df.where(F.col(vector_col).isNotNull()).select(F.size(vector_col).alias("d")).first()
+    return None if first is None else int(first["d"])
+
+
+def infer_dimension(df: DataFrame, vector_col: str, rows: int = INFER_ROWS) -> int:
+    """Most common length among the first ``rows`` non-null vectors (the corpus dimension when none is
+    configured); reads only that many rows, not the table."""
+    lengths = df.where(F.col(vector_col).isNotNull()).select(F.size(vector_col).alias("d")).limit(rows)
+    row = lengths.groupBy("d").count().orderBy(F.desc("count"), F.desc("d")).first()
     if row is None:
         raise InvalidRowsError(f"no non-null vectors in column {vector_col!r}: the table is empty")
     return int(row["d"])
 
 
-def invalid_reason(vector_col: str, id_col: str, dimension: int) -> Column:
-    """Spark expression naming why a row is invalid, or null when it is valid."""
-    vec = F.col(vector_col)
-    non_finite = F.exists(vec, lambda x: F.isnan(x) | (F.abs(x) == float("inf")) | x.isNull())
-    squared_norm = F.aggregate(vec, F.lit(0.0), lambda acc, x: acc + x * x)
-    return (F.when(F.col(id_col).isNull(), F.lit("null_id"))
-            .when(vec.isNull(), F.lit("null_vector"))
-            .when(F.size(vec) != dimension, F.concat(F.lit("wrong_dimension:"), F.size(vec).cast("string")))
-            .when(non_finite, F.lit("non_finite"))
-            .when(squared_norm == 0.0, F.lit("zero_norm")))
+def count_invalid(df: DataFrame, vector_col: str, id_col: str, dimension: int) -> Tally:
+    """One Arrow pass over ``id_col`` and ``vector_col`` only → the merged :class:`Tally` of invalid rows."""
+
+    def tally(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        state = Tally()
+        for batch in batches:
+            state.add(check_batch(batch, vector_col, id_col, dimension), batch.column(0))
+        yield pa.RecordBatch.from_pydict({"tally": [state.to_json()]})
+
+    return (df.select(id_col, vector_col).mapInArrow(tally, "tally string").rdd
+            .map(lambda row: Tally.from_json(row["tally"])).treeReduce(Tally.merge, depth=TREE_DEPTH))
+
+
+def _filtered(df: DataFrame, vector_col: str, id_col: str, dimension: int, keep_valid: bool) -> DataFrame:
+    """``df`` restricted to its valid rows (``keep_valid``) or to its invalid rows plus ``invalid_reason``."""
+    fields = list(df.schema.fields) + ([] if keep_valid else [StructField(REASON_COLUMN, StringType(), False)])
+
+    def split(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            checked = check_batch(batch, vector_col, id_col, dimension)
+            if checked.reasons is None:
+                if keep_valid:
+                    yield batch
+                continue
+            mask = checked.valid if keep_valid else ~checked.valid
+            kept = batch.filter(pa.array(mask))
+            if not keep_valid:
+                kept = kept.append_column(REASON_COLUMN, pa.array(checked.reasons[mask], pa.string()))
+            yield kept
+
+    return df.mapInArrow(split, StructType(fields))
+
+
+def valid_rows(df: DataFrame, vector_col: str, id_col: str, dimension: int, tally: Tally) -> DataFrame:
+    """The valid rows of ``df`` for a later pass: ``df`` itself when ``tally`` (of the same pinned input) found
+    no invalid row, else a filtering Arrow pass."""
+    return df if tally.total == 0 else _filtered(df, vector_col, id_col, dimension, keep_valid=True)
+
+
+def settle_invalid(df: DataFrame, tally: Tally, vector_col: str, id_col: str, dimension: int,
+                   on_invalid: str, quarantine_path: str | None) -> None:
+    """Act on the invalid rows ``tally`` counted in ``df``: raise :class:`InvalidRowsError` with reason counts and
+    sample ids (``'error'``), or append them with ``invalid_reason`` and ``quarantined_at`` to the Delta table
+    ``quarantine_path`` (``'quarantine'``; one extra pass, only when some exist)."""
+    if not tally.total:
+        return
+    if on_invalid == "error":
+        raise InvalidRowsError(
+            f"{tally.total} invalid row(s) in column {vector_col!r} (expected dimension {dimension}): "
+            f"{dict(sorted(tally.counts.items()))}; sample {id_col} values: {tally.sample_ids()}. "
+            "Fix the input or set on_invalid: quarantine."
+        )
+    if not quarantine_path:
+        raise ValueError("on_invalid: quarantine needs a quarantine_path")
+    (_filtered(df, vector_col, id_col, dimension, keep_valid=False)
+     .withColumn("quarantined_at", F.current_timestamp())
+     .write.format("delta").mode("append").option("mergeSchema", "true").save(quarantine_path))
 
 
 @dataclass
@@ -105,44 +159,28 @@ class ValidatedInput:
     dimension: int
     invalid_count: int
     invalid_by_reason: dict[str, int]
-    tagged: DataFrame  # the cached input with its reason column; :meth:`release` frees it
 
-    def release(self) -> None:
-        """Drop the cached validation pass once the caller is done with ``valid``."""
-        self.tagged.unpersist()
+
+def require_column(df: DataFrame, column: str, role: str) -> None:
+    """ValueError naming ``column`` (the ``role`` column, e.g. "id") when ``df`` does not have it."""
+    if column not in df.columns:
+        raise ValueError(f"{role} column {column!r} not found; columns are {df.columns}")
 
 
 def validate(df: DataFrame, vector_col: str, id_col: str, dimension: int | None = None,
              on_invalid: str = "error", quarantine_path: str | None = None) -> ValidatedInput:
-    """Split ``df`` (vector column already ``array<double>``) into valid rows and invalid ones.
+    """Count the invalid rows of ``df`` (one pass over id + vector, nothing cached), act on them
+    (:func:`settle_invalid`) and return the valid rows (:func:`valid_rows`).
 
-    ``on_invalid='error'`` raises :class:`InvalidRowsError` with reason counts and up to five sample ids;
-    ``'quarantine'`` appends the invalid rows plus ``invalid_reason`` to the Delta table ``quarantine_path``.
+    Jobs whose first pass reads every vector anyway (diagnose) fold the count into that pass instead.
     """
     if on_invalid not in ("error", "quarantine"):
         raise ValueError(f"on_invalid must be 'error' or 'quarantine', got {on_invalid!r}")
-    if id_col not in df.columns:
-        raise ValueError(f"id column {id_col!r} not found; columns are {df.columns}")
+    require_column(df, id_col, "id")
     d = dimension if dimension is not None else infer_dimension(df, vector_col)
-    tagged = df.withColumn(REASON_COLUMN, invalid_reason(vector_col, id_col, d)).cache()
-    counts = {r[REASON_COLUMN]: int(r["count"])
-              for r in tagged.where(F.col(REASON_COLUMN).isNotNull()).groupBy(REASON_COLUMN).count().collect()}
-    invalid = sum(counts.values())
-    if invalid:
-        if on_invalid == "error":
-            samples = [r[id_col] for r in tagged.where(F.col(REASON_COLUMN).isNotNull())
-                       .select(id_col).limit(SAMPLE_IDS).collect()]
-            raise InvalidRowsError(
-                f"{invalid} invalid row(s) in column {vector_col!r} (expected dimension {d}): "
-                f"{dict(sorted(counts.items()))}; sample {id_col} values: {samples}. "
-                "Fix the input or set on_invalid: quarantine."
-            )
-        if not quarantine_path:
-            raise ValueError("on_invalid: quarantine needs a quarantine_path")
-        (tagged.where(F.col(REASON_COLUMN).isNotNull())
-         .withColumn("quarantined_at", F.current_timestamp())
-         .write.format("delta").mode("append").option("mergeSchema", "true").save(quarantine_path))
-    valid = tagged.where(F.col(REASON_COLUMN).isNull()).drop(REASON_COLUMN)
+    tally = count_invalid(df, vector_col, id_col, d)
+    settle_invalid(df, tally, vector_col, id_col, d, on_invalid, quarantine_path)
+    valid = valid_rows(df, vector_col, id_col, d, tally)
     if valid.isEmpty():
-        raise InvalidRowsError(f"no valid rows left in column {vector_col!r} after validation ({counts})")
-    return ValidatedInput(valid=valid, dimension=d, invalid_count=invalid, invalid_by_reason=counts, tagged=tagged)
+        raise InvalidRowsError(f"no valid rows left in column {vector_col!r} after validation ({tally.counts})")
+    return ValidatedInput(valid=valid, dimension=d, invalid_count=tally.total, invalid_by_reason=tally.counts)

@@ -1,5 +1,10 @@
 """Distributed moments: each partition's Arrow batches become one :class:`Moments` state with numpy BLAS,
 and states are combined by ``treeReduce`` (never Spark Accumulators, which double-count on task retry).
+
+The same pass checks the input contract (:func:`~anisotropy_spark.contract.check_batch`): invalid rows are
+left out of the moments and counted in a :class:`~anisotropy_spark.contract.Tally`, so a job that reads
+every vector for its moments validates them without a pass of its own. ``array<float>`` vectors reach the
+workers as float32 and are cast to float64 one batch at a time.
 """
 from __future__ import annotations
 
@@ -10,28 +15,42 @@ from pyspark.sql import DataFrame
 
 from anisotropy_core.moments import Moments
 
-from .arrow import batch_matrix
+from .contract import InvalidRowsError, Tally, check_batch
 
-STATE_SCHEMA = "n long, payload binary"
+STATE_SCHEMA = "n long, payload binary, tally string"
+_ARROW_STATE_SCHEMA = pa.schema([("n", pa.int64()), ("payload", pa.binary()), ("tally", pa.string())])
 TREE_DEPTH = 2
 
 
-def partition_moments(vector_col: str, dimension: int):
-    """Return a ``mapInArrow`` function folding a partition into one serialised Moments row."""
+def partition_moments(vector_col: str, id_col: str | None, dimension: int):
+    """Return a ``mapInArrow`` function folding a partition into one row: its valid rows' Moments and the
+    Tally of its invalid rows (``id_col`` None: no ``null_id`` check and no sample ids)."""
 
     def fold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        state = Moments.empty(dimension)
+        state, tally = Moments.empty(dimension), Tally()
         for batch in batches:
             if batch.num_rows:
-                state = state.merge(Moments.of_batch(batch_matrix(batch, vector_col, dimension)))
-        yield pa.RecordBatch.from_pydict({"n": [state.n], "payload": [state.to_bytes()]},
-                                         schema=pa.schema([("n", pa.int64()), ("payload", pa.binary())]))
+                checked = check_batch(batch, vector_col, id_col, dimension)
+                tally.add(checked, batch.column(batch.schema.get_field_index(id_col)) if id_col else None)
+                state = state.merge(Moments.of_batch(checked.matrix))
+        yield pa.RecordBatch.from_pydict({"n": [state.n], "payload": [state.to_bytes()],
+                                          "tally": [tally.to_json()]}, schema=_ARROW_STATE_SCHEMA)
 
     return fold
 
 
+def checked_moments(df: DataFrame, vector_col: str, id_col: str | None, dimension: int) -> tuple[Moments, Tally]:
+    """One pass over ``df`` (vectors ``array<float|double>``) → (Moments of the valid rows, Tally of the rest)."""
+    columns = [vector_col] + ([id_col] if id_col else [])
+    states = df.select(*columns).mapInArrow(partition_moments(vector_col, id_col, dimension), STATE_SCHEMA)
+    return (states.rdd.map(lambda row: (Moments.from_bytes(bytes(row["payload"])), Tally.from_json(row["tally"])))
+            .treeReduce(lambda a, b: (a[0].merge(b[0]), a[1].merge(b[1])), depth=TREE_DEPTH))
+
+
 def corpus_moments(df: DataFrame, vector_col: str, dimension: int) -> Moments:
-    """One pass over ``df`` (valid rows, ``array<double>`` vectors) → merged Moments on the driver."""
-    states = df.select(vector_col).mapInArrow(partition_moments(vector_col, dimension), STATE_SCHEMA)
-    return (states.rdd.map(lambda row: Moments.from_bytes(bytes(row["payload"])))
-            .treeReduce(Moments.merge, depth=TREE_DEPTH))
+    """Moments of ``df``'s vectors; raises :class:`InvalidRowsError` (with the reason counts) if any is invalid."""
+    state, tally = checked_moments(df, vector_col, None, dimension)
+    if tally.total:
+        raise InvalidRowsError(f"{tally.total} invalid vector(s) in column {vector_col!r} (dimension {dimension}): "
+                               f"{dict(sorted(tally.counts.items()))}")
+    return state

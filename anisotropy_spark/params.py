@@ -31,6 +31,25 @@ class _CorrectionParams(HasInputCol, HasOutputCol):
         self._setDefault(inputCol="vector", outputCol="corrected")
 
 
+OUTPUT_DTYPES = {"same", "float32", "float64"}
+
+
+class HasOutputDtype(Params):
+    """outputDtype: element type of outputCol — ``same`` (default: as inputCol; VectorUDT counts as float64),
+    ``float32`` or ``float64``."""
+
+    outputDtype = Param(Params._dummy(), "outputDtype",
+                        "element type of outputCol: same (as inputCol; VectorUDT counts as float64) | float32 | float64",
+                        typeConverter=TypeConverters.toString)
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self._setDefault(outputDtype="same")
+
+    def getOutputDtype(self) -> str:
+        return self.getOrDefault(self.outputDtype)
+
+
 class _AllButTheTopParams(_CorrectionParams):
     """``D`` directions removed (None = Marchenko–Pastur count, capped at ``maxD``, default round(d/100))."""
 

@@ -3,9 +3,15 @@
 * Under ``spark-submit`` (a session already configured with Delta via ``--packages`` / ``--jars``)
   :func:`get_spark` just returns the active session: nothing is overridden.
 * Embedded (plain ``python -m jobs.…``): it builds a ``local[*]`` session (or ``master``) with the Delta
-  jars fetched by ``make setup`` into ``.jars/`` so no network is needed at run time.
+  jars fetched by ``make setup`` into ``.jars/`` so no network is needed at run time. Its driver heap is
+  sized from the machine (:func:`default_driver_memory`: a quarter of physical memory, 1–16 GiB) unless
+  ``spark.driver.memory`` is given (``extra_conf``, ``--driver-memory`` in ``PYSPARK_SUBMIT_ARGS``).
 
-Either way Spark logs at WARN (no query-plan dumps), and Spark's console progress bar for long stages is
+Every session bounds the Arrow batches handed to Python workers by bytes as well as rows
+(``spark.sql.execution.arrow.maxBytesPerBatch``, which Spark 4 applies to ``mapInArrow``), so a worker's
+memory depends on the batch budget, never on the number of rows or, beyond the budget, on d.
+
+Spark logs at WARN (no query-plan dumps), and Spark's console progress bar for long stages is
 on only when stderr is a terminal.
 """
 from __future__ import annotations
@@ -20,6 +26,9 @@ DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 LOG_LEVEL = "WARN"
 DELTA_MAVEN_COORDINATE = "io.delta:delta-spark_2.13:4.0.0"
+ARROW_BATCH_BYTES = 32 << 20       # per Arrow batch sent to a Python worker
+DRIVER_MEMORY_FRACTION = 0.25
+DRIVER_MEMORY_MIN_MB, DRIVER_MEMORY_MAX_MB = 1024, 16384
 JAR_DIR = pathlib.Path(os.environ.get("ANISOTROPY_JAR_DIR", pathlib.Path(__file__).resolve().parent.parent / ".jars"))
 
 
@@ -52,6 +61,7 @@ def get_spark(app_name: str = "anisotropy", master: str | None = None,
         .config("spark.sql.catalog.spark_catalog", DELTA_CATALOG)
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.showConsoleProgress", str(sys.stderr.isatty()).lower())
+        .config("spark.sql.execution.arrow.maxBytesPerBatch", str(ARROW_BATCH_BYTES))
     )
     if not _launched_by_spark_submit():
         # embedded: Python workers run this interpreter (its numpy/pyarrow), the Delta jars come from .jars/;
@@ -59,11 +69,29 @@ def get_spark(app_name: str = "anisotropy", master: str | None = None,
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         builder = (builder.master(master or os.environ.get("ANISOTROPY_SPARK_MASTER", "local[*]"))
                    .config("spark.jars", ",".join(delta_jars())))
+        if not _driver_memory_given(extra_conf):
+            builder = builder.config("spark.driver.memory", default_driver_memory())
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(LOG_LEVEL)
     return spark
+
+
+def default_driver_memory() -> str:
+    """Driver heap for an embedded session: ``DRIVER_MEMORY_FRACTION`` of physical memory, clamped to
+    [1, 16] GiB (the driver only merges d×d states and samples; the rows stay in the tasks)."""
+    physical_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
+    size = int(physical_mb * DRIVER_MEMORY_FRACTION)
+    return f"{min(max(size, DRIVER_MEMORY_MIN_MB), DRIVER_MEMORY_MAX_MB)}m"
+
+
+def _driver_memory_given(extra_conf: dict[str, str] | None) -> bool:
+    """True when the caller set the driver heap: ``extra_conf`` or ``--driver-memory`` / ``--conf
+    spark.driver.memory`` in ``PYSPARK_SUBMIT_ARGS``."""
+    submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
+    return "spark.driver.memory" in (extra_conf or {}) or "--driver-memory" in submit_args \
+        or "spark.driver.memory" in submit_args
 
 
 def _launched_by_spark_submit() -> bool:

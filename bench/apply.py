@@ -5,7 +5,8 @@
 Same Delta input, same Spark session, run side by side:
   floor      — read the Delta table, write it to a new Delta table unchanged (the I/O floor)
   transform  — read, CorrectionModel.transform (mapInArrow + numpy), add transform_version, write Delta
-  job        — the whole apply job (jobs.apply.run_apply: pin version, validate, dimension check, write)
+  job        — the whole apply job (jobs.apply.run_apply: pin version, validate + quarantine count in the
+               transform pass, dimension check, one commit)
 Each runs once as a warm-up, then ``repeats`` times; the best time is reported with its ratio to the floor.
 """
 from __future__ import annotations
@@ -20,7 +21,6 @@ from anisotropy_core.artifact import save_artifact
 from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import fit
 from anisotropy_spark.estimators import CorrectionModel
-from anisotropy_spark.io import as_double_array
 from anisotropy_spark.session import get_spark
 from bench.common import best_of, print_ratios, write_parquet_corpus
 from jobs.apply import ApplyConfig, run_apply
@@ -32,13 +32,14 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--method", choices=["center", "abtt", "whitening"], default="abtt")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--tmp", default=None, help="directory for the generated tables (default: system temp)")
     args = parser.parse_args()
-    spark = get_spark("bench-apply", master="local[2]", extra_conf={"spark.driver.memory": "4g"})
-    with tempfile.TemporaryDirectory() as tmp:
+    spark = get_spark("bench-apply", master="local[2]")
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         root = pathlib.Path(tmp)
         X = write_parquet_corpus(root / "parquet", args.rows, args.dim)
         source = str(root / "corpus")
-        as_double_array(spark.read.parquet(str(root / "parquet")), "vector").write.format("delta").save(source)
+        spark.read.parquet(str(root / "parquet")).write.format("delta").save(source)     # array<float>
         params = {"D": max(1, args.dim // 100)} if args.method == "abtt" else {}
         transform = fit(args.method, Moments.of_batch(X), **params)
         manifest = save_artifact(str(root / "artifact"), transform, n=args.rows)
@@ -54,10 +55,11 @@ def main() -> None:
 
         def job():
             run_apply(spark, ApplyConfig(input=source, artifact=str(root / "artifact"), output=str(root / "job"),
+                                         on_invalid="quarantine", quarantine_path=str(root / "quarantine"),
                                          force=True))
 
         best, _ = best_of({"floor": floor, "transform": transform_only, "job": job}, args.repeats)
-    print(f"table: {args.rows} x {args.dim} double, method {args.method}, Spark local[2]; best of {args.repeats}")
+    print(f"table: {args.rows} x {args.dim} float32, method {args.method}, Spark local[2]; best of {args.repeats}")
     print_ratios(best, args.rows, baseline="floor")
     spark.stop()
 

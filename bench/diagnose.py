@@ -1,12 +1,15 @@
-"""Throughput of the diagnosis pass against Spark MLlib's PCA and single-process numpy, side by side.
+"""Throughput of the diagnosis pass against the single-process I/O floor, Spark MLlib's PCA and numpy.
 
-    .venv/bin/python -m bench.diagnose [--rows 200000] [--dim 256] [--repeats 2]
+    .venv/bin/python -m bench.diagnose [--rows 200000] [--dim 256] [--repeats 2] [--tmp DIR]
 
-All three compute the full centred covariance + eigendecomposition of the same float32 corpus:
-  ours    — Parquet → Arrow batches → numpy Moments per partition → treeReduce → eigh (jobs' path)
+All compute the full centred covariance + eigendecomposition of the same float32 Parquet corpus:
+  floor   — one process: pyarrow reads each Parquet file's batches as float32 numpy, Moments per batch in
+            float64, merged (Chan), then diagnose (the same accumulation as ours, no Spark)
+  ours    — Parquet → Arrow batches (float32) → contract check + numpy Moments per partition → treeReduce → eigh
+  job     — the whole ``jobs.diagnose`` run without clusters or metadata (read, moments, sample, report files)
   mllib   — Parquet → VectorUDT → pyspark.ml.feature.PCA(k=10).fit (RowMatrix covariance on the JVM)
   numpy   — the corpus already in this process's memory → Moments.of_batch → diagnose
-Each is run ``repeats`` times after one warm-up; the best time is reported, with ratios to ours.
+Each is run ``repeats`` times after one warm-up; the best time is reported, with ratios to the floor.
 """
 from __future__ import annotations
 
@@ -14,14 +17,27 @@ import argparse
 import pathlib
 import tempfile
 
+import numpy as np
+import pyarrow.parquet as pq
 from pyspark.ml.feature import PCA
 from pyspark.ml.functions import array_to_vector
 
 from anisotropy_core import diagnose
+from anisotropy_core.moments import Moments
 from anisotropy_spark.diagnostics import diagnose_dataframe
-from anisotropy_spark.io import as_double_array
 from anisotropy_spark.session import get_spark
 from bench.common import best_of, print_ratios, write_parquet_corpus
+from jobs.diagnose import DiagnoseConfig, run_diagnosis, write_outputs
+
+
+def parquet_floor(path: pathlib.Path, dim: int) -> dict:
+    """Single-process pyarrow + numpy moments over the Parquet files (float32 read, float64 accumulation)."""
+    state = Moments.empty(dim)
+    for file in sorted(path.glob("*.parquet")):
+        for batch in pq.ParquetFile(file).iter_batches(batch_size=8192, columns=["vector"]):
+            values = batch.column(0).values.to_numpy()
+            state = state.merge(Moments.of_batch(values.reshape(-1, dim)))
+    return diagnose(state)
 
 
 def main() -> None:
@@ -29,15 +45,26 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--tmp", default=None, help="directory for the generated corpus (default: system temp)")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["mllib", "numpy"], help="runs to leave out")
     args = parser.parse_args()
-    spark = get_spark("bench-diagnose", master="local[2]", extra_conf={"spark.driver.memory": "6g"})
-    with tempfile.TemporaryDirectory() as tmp:
+    spark = get_spark("bench-diagnose", master="local[2]")
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         path = pathlib.Path(tmp) / "corpus"
         X = write_parquet_corpus(path, args.rows, args.dim)
+        config = DiagnoseConfig(input=str(path), metadata_cols=[], clusters=None, metrics_table=None,
+                                output_dir=str(pathlib.Path(tmp) / "report"))
+
+        def floor():
+            return parquet_floor(path, args.dim)["top1_var"]
 
         def ours():
-            df = as_double_array(spark.read.parquet(str(path)), "vector")
-            return diagnose_dataframe(df, "vector", args.dim)["top1_var"]
+            return diagnose_dataframe(spark.read.parquet(str(path)), "vector", args.dim)["top1_var"]
+
+        def job():
+            result = run_diagnosis(spark, config)
+            write_outputs(spark, config, result)
+            return result["metrics"]["top1_var"]
 
         def mllib():
             df = spark.read.parquet(str(path)).select(array_to_vector("vector").alias("features"))
@@ -47,10 +74,11 @@ def main() -> None:
         def numpy_in_memory():
             return diagnose(X)["top1_var"]
 
-        best, answers = best_of({"ours": ours, "mllib": mllib, "numpy": numpy_in_memory}, args.repeats)
+        runs = {"floor": floor, "ours": ours, "job": job, "mllib": mllib, "numpy": numpy_in_memory}
+        best, answers = best_of({k: v for k, v in runs.items() if k not in args.skip}, args.repeats)
     print(f"corpus: {args.rows} x {args.dim} float32, Spark local[2]; best of {args.repeats}")
-    print(f"top-1 variance share  ours {answers['ours']:.6f}  mllib {answers['mllib']:.6f}  numpy {answers['numpy']:.6f}")
-    print_ratios(best, args.rows, baseline="ours")
+    print("top-1 variance share  " + "  ".join(f"{k} {v:.6f}" for k, v in answers.items()))
+    print_ratios(best, args.rows, baseline="floor")
     spark.stop()
 
 

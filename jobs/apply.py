@@ -3,10 +3,16 @@
     anisotropy apply --conf conf/apply.yaml [--input PATH] [--input-version V] [--artifact DIR] ...
     python -m jobs.apply --conf conf/apply.yaml ...
 
-Reads ``input`` pinned to one Delta version, validates it (the io contract; the table's dimension must be
-the artifact's), maps Arrow batches through the numpy transform (``mapInArrow``), and writes ``output``
-as a Delta table: every input column (id and metadata) with ``output_col`` (default: the vector column
-itself) replaced by the corrected vector, plus a ``transform_version`` column.
+Reads ``input`` pinned to one Delta version and, in ONE pass, checks every row against the input contract
+while mapping the Arrow batches through the numpy transform (``mapInArrow``), then writes ``output`` as a
+Delta table: every input column (id and metadata) with ``output_col`` (default: the vector column itself)
+replaced by the corrected vector (element type per ``output_dtype``), plus a ``transform_version`` column.
+
+* Invalid rows, ``on_invalid: error``: the first invalid row met fails the write (so nothing is committed)
+  and the job raises :class:`InvalidRowsError` naming its id, the column and the reason.
+* Invalid rows, ``on_invalid: quarantine``: the pass tags them, a Spark ``Observation`` counts them during
+  the write, and the write keeps only the valid ones; only when the count is non-zero is the input read a
+  second time to count the reasons and append those rows to ``quarantine_path`` (after the output commit).
 
 * Atomic: the write is ONE Delta ``overwrite`` commit; a failure anywhere (e.g. in one partition) leaves
   no commit, so readers keep seeing the previous table version unchanged.
@@ -20,16 +26,19 @@ import dataclasses
 import json
 import os
 import sys
+from typing import Literal
 
 if __package__ in (None, ""):  # spark-submit runs this file as a script: make the project importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pyspark.sql import SparkSession
+from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
 
 from anisotropy_core.artifact import Artifact, load_artifact
-from anisotropy_spark.estimators import CorrectionModel
-from anisotropy_spark.io import as_double_array, is_delta_table, read_table, validate
+from anisotropy_spark.contract import REASON_COLUMN, invalid_rows_from_worker
+from anisotropy_spark.estimators import CorrectionModel, RowChecks
+from anisotropy_spark.io import (as_vector_array, count_invalid, first_vector_length, is_delta_table, read_table,
+                                 require_column, settle_invalid)
 from anisotropy_spark.session import get_spark
 from jobs.config import InputSettings, parse_args
 
@@ -45,6 +54,7 @@ class ApplyConfig(InputSettings):
     output: str
     input_version: int | None = None
     output_col: str | None = None
+    output_dtype: Literal["same", "float32", "float64"] = "same"
     force: bool = False
     master: str | None = None
 
@@ -84,20 +94,37 @@ def run_apply(spark: SparkSession, config: ApplyConfig, artifact: Artifact | Non
     if previous and not config.force and ref.version is not None and previous[1] == stamp:
         return {**summary, "status": "skipped", "output_version": previous[0],
                 "reason": "the latest output commit already holds this input version and transform version"}
-    vector_col = config.vector_col
-    checked = validate(as_double_array(df, vector_col), vector_col, config.id_col, config.dimension,
-                       config.on_invalid, config.quarantine_path)
+    vector_col, id_col = config.vector_col, config.id_col
+    require_column(df, id_col, "id")
+    df = as_vector_array(df, vector_col)
+    first = first_vector_length(df, vector_col)
+    if first is not None:
+        artifact.check_dimension(first)
+    model = (CorrectionModel.from_artifact(artifact, vector_col, config.output_col or vector_col)
+             .setOutputDtype(config.output_dtype))
+    quarantine = config.on_invalid == "quarantine"
+    corrected = model.transform_checked(df, RowChecks(id_col, tag_invalid=quarantine))
+    invalid = Observation("invalid_rows")
+    if quarantine:
+        corrected = (corrected.observe(invalid, F.count_if(F.col(REASON_COLUMN).isNotNull()).alias("rows"))
+                     .where(F.col(REASON_COLUMN).isNull()).drop(REASON_COLUMN))
     try:
-        artifact.check_dimension(checked.dimension)
-        model = CorrectionModel.from_artifact(artifact, vector_col, config.output_col or vector_col)
-        corrected = model.transform(checked.valid).withColumn(VERSION_COLUMN, F.lit(artifact.transform_version))
-        (corrected.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+        (corrected.withColumn(VERSION_COLUMN, F.lit(artifact.transform_version))
+         .write.format("delta").mode("overwrite").option("overwriteSchema", "true")
          .option("userMetadata", json.dumps(stamp, sort_keys=True)).save(config.output))
-    finally:
-        checked.release()
+    except Exception as exc:      # the worker's error arrives wrapped (Py4J / captured Spark error)
+        found = invalid_rows_from_worker(exc)
+        if found is None:
+            raise
+        raise found from None
     version, _ = latest_commit(spark, config.output)
+    counts = {}
+    if quarantine and invalid.get["rows"]:
+        tally = count_invalid(df, vector_col, id_col, artifact.transform.d_in)
+        settle_invalid(df, tally, vector_col, id_col, artifact.transform.d_in, "quarantine", config.quarantine_path)
+        counts = tally.counts
     return {**summary, "status": "written", "output_version": version,
-            "invalid_rows": checked.invalid_count, "invalid_by_reason": checked.invalid_by_reason}
+            "invalid_rows": sum(counts.values()), "invalid_by_reason": counts}
 
 
 def main(argv: list[str] | None = None) -> int:

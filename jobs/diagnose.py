@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import logging
 import os
 import sys
 import uuid
@@ -24,14 +25,19 @@ import numpy as np
 from pyspark.sql import DataFrame, SparkSession
 
 from anisotropy_core import storage
-from anisotropy_core.diagnostics import Diagnosis, plain_scalar
+from anisotropy_core.diagnostics import Diagnosis, diagnose, plain_scalar
 from anisotropy_core.isotropy_measures import isoscore_from_spectrum, partition_ratio, sampling_noise, sign_structure_null
 from anisotropy_core.report import write_report_assets
-from anisotropy_spark.diagnostics import diagnose_dataframe, sample_rows, u1_artefact_test
-from anisotropy_spark.io import as_double_array, read_table, validate
+from anisotropy_spark.diagnostics import sample_rows, u1_artefact_test
+from anisotropy_spark.io import (InvalidRowsError, as_vector_array, infer_dimension, read_table, require_column,
+                                 settle_invalid, valid_rows)
+from anisotropy_spark.moments import checked_moments
 from anisotropy_spark.kmeans import fit_kmeans, spark_cluster_diagnostics
 from anisotropy_spark.session import get_spark
 from jobs.config import InputSettings, config_hash, parse_args
+from jobs.stage_log import timed_stage
+
+log = logging.getLogger("anisotropy.diagnose")
 
 # the diagnosis's scalars, then the measures this job adds from the sample and the null models
 EXTRA_METRICS = ("isoscore", "A_noise_z", "null_effective_rank", "A_sign_null", "partition_ratio")
@@ -92,22 +98,41 @@ class DiagnoseConfig(InputSettings):
 def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
     """Read, validate, diagnose and run the artefact test; returns the full JSON-ready report.
 
+    Passes over the table: the moments pass (which also checks every row against the input contract), the
+    quarantine extraction (only when invalid rows exist), the artefact test (only with metadata or label
+    columns), the sample, and k-means (only with ``cluster_k``). Nothing is cached; each stage logs one line.
+
     The result's private ``_sample`` entry holds (vectors (m, d), {metadata column: (m,)}), a random sample of
     at most ``sample_size`` valid rows used for the in-memory measures and the pictures; it is not serialised.
     """
-    df, ref = read_table(spark, config.input, config.input_version)
-    checked = validate(as_double_array(df, config.vector_col), config.vector_col, config.id_col,
-                       config.dimension, config.on_invalid, config.quarantine_path)
-    try:
-        report = diagnose_dataframe(checked.valid, config.vector_col, checked.dimension)
-        artefact = u1_artefact_test(checked.valid, config.vector_col, report, config.metadata_cols,
-                                    config.label_col)
-        sample = sample_rows(checked.valid, config.vector_col, checked.dimension, config.metadata_cols,
-                             config.sample_size)
-        per_cluster = per_cluster_table(checked.valid, config, checked.dimension, report.n) \
-            if config.cluster_k else None
-    finally:
-        checked.release()
+    vector_col, id_col = config.vector_col, config.id_col
+    timings: list[dict] = []
+    with timed_stage(log, timings, "read"):
+        df, ref = read_table(spark, config.input, config.input_version)
+        vectors = as_vector_array(df, vector_col)
+        require_column(vectors, id_col, "id")
+        d = config.dimension if config.dimension is not None else infer_dimension(vectors, vector_col)
+    with timed_stage(log, timings, "moments") as info:
+        state, tally = checked_moments(vectors, vector_col, id_col, d)
+        info["rows"] = state.n + tally.total
+    with timed_stage(log, timings, "invalid") as info:
+        settle_invalid(vectors, tally, vector_col, id_col, d, config.on_invalid, config.quarantine_path)
+        info["rows"] = tally.total
+    if state.n == 0:
+        raise InvalidRowsError(f"no valid rows left in column {vector_col!r} after validation ({tally.counts})")
+    report = diagnose(state)
+    valid = valid_rows(vectors, vector_col, id_col, d, tally)
+    with timed_stage(log, timings, "artefact") as info:
+        artefact = u1_artefact_test(valid, vector_col, report, config.metadata_cols, config.label_col)
+        info["rows"] = state.n if config.metadata_cols or config.label_col else 0
+    with timed_stage(log, timings, "sample") as info:
+        sample = sample_rows(valid, vector_col, d, config.metadata_cols, config.sample_size, total=state.n)
+        info["rows"] = int(sample[0].shape[0])
+    per_cluster = None
+    if config.cluster_k:
+        with timed_stage(log, timings, "clusters") as info:
+            per_cluster = per_cluster_table(valid, config, d, report.n)
+            info["rows"] = state.n
     noise = sampling_noise(report)
     sign_null = sign_structure_null(sample[0])
     extra = {"isoscore": isoscore_from_spectrum(report.spectrum), "A_noise_z": noise["A_z"],
@@ -118,9 +143,10 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "input": dataclasses.asdict(ref),
         "config_hash": config_hash(config),
-        "invalid_rows": checked.invalid_count,
-        "invalid_by_reason": checked.invalid_by_reason,
+        "invalid_rows": tally.total,
+        "invalid_by_reason": tally.counts,
         "metrics": {**report.scalars(), **{k: plain_scalar(extra[k]) for k in EXTRA_METRICS}},
+        "stages": timings,
         "sampling_noise": noise,
         "sign_structure": sign_null,
         "sample_size": int(sample[0].shape[0]),
@@ -221,6 +247,7 @@ def picture_report(result: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     config, _ = parse_args(DiagnoseConfig, argv, "Diagnose the anisotropy of an embedding table")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spark = get_spark("anisotropy-diagnose", master=config.master)
     result = run_diagnosis(spark, config)
     print(write_outputs(spark, config, result))

@@ -23,7 +23,7 @@ from pyspark.sql import SparkSession
 from anisotropy_core.artifact import load_artifact
 from anisotropy_core.transforms import DEFAULT_EPS
 from anisotropy_spark.estimators import CorrectionEstimator, estimator_for, method_params, registered_methods
-from anisotropy_spark.io import as_double_array, read_table, validate
+from anisotropy_spark.io import as_vector_array, read_table, validate
 from anisotropy_spark.session import get_spark
 from jobs.config import InputSettings, parse_args
 
@@ -71,12 +71,9 @@ class FitConfig(InputSettings):
 def run_fit(spark: SparkSession, config: FitConfig) -> dict:
     """Fit and save; returns the saved (hash-verified, reloaded) manifest."""
     df, ref = read_table(spark, config.input, config.input_version)
-    checked = validate(as_double_array(df, config.vector_col), config.vector_col, config.id_col, config.dimension,
+    checked = validate(as_vector_array(df, config.vector_col), config.vector_col, config.id_col, config.dimension,
                        config.on_invalid, config.quarantine_path)
-    try:
-        model = config.estimator().fit(checked.valid).setFittedOn(ref)
-    finally:
-        checked.release()
+    model = config.estimator().fit(checked.valid).setFittedOn(ref)
     model.write().overwrite().save(config.artifact)
     return load_artifact(config.artifact).manifest
 

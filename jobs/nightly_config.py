@@ -26,6 +26,7 @@ class NightlyConfig(InputSettings):
     output: str
     on_invalid: Literal["error", "quarantine"] = "quarantine"
     output_vector_col: str | None = None
+    output_dtype: Literal["same", "float32", "float64"] = "same"
     metadata_cols: list[str] = dataclasses.field(default_factory=list)
     label_col: str | None = None
     method: Literal["auto", "none", "center", "abtt", "whitening", "cluster_recenter"] = "auto"

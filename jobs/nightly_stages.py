@@ -18,7 +18,7 @@ from anisotropy_core.decision import Recommendation, recommend
 from anisotropy_core.diagnostics import Diagnosis
 from anisotropy_spark.diagnostics import diagnose_dataframe, u1_artefact_test
 from anisotropy_spark.estimators import CorrectionModel
-from anisotropy_spark.io import TableRef, ValidatedInput, as_double_array, read_table, validate
+from anisotropy_spark.io import TableRef, ValidatedInput, as_vector_array, read_table, validate
 from anisotropy_spark.kmeans import fit_kmeans, spark_cluster_diagnostics
 from anisotropy_spark.publish import OutputState, PublishTarget, only_appends, output_state, publish
 from jobs.apply import VERSION_COLUMN
@@ -87,9 +87,8 @@ def read(ctx: NightlyContext, info: dict) -> None:
 def validate_input(ctx: NightlyContext, info: dict) -> None:
     """Quarantine (with a reason) or refuse the invalid rows; see :func:`anisotropy_spark.io.validate`."""
     config = ctx.config
-    ctx.checked = validate(as_double_array(ctx.input_df, config.vector_col), config.vector_col, config.id_col,
+    ctx.checked = validate(as_vector_array(ctx.input_df, config.vector_col), config.vector_col, config.id_col,
                            config.dimension, config.on_invalid, config.quarantine_path)
-    ctx.cleanup.callback(ctx.checked.release)
     ctx.valid = ctx.checked.valid
     ctx.record["counts"].update(invalid_rows=ctx.checked.invalid_count,
                                 invalid_by_reason=ctx.checked.invalid_by_reason)
@@ -158,10 +157,17 @@ def incremental(ctx: NightlyContext) -> bool:
 
 
 def transformed(ctx: NightlyContext, df: DataFrame) -> DataFrame:
-    """Output rows of ``df``: every input column, ``out_col`` = corrected vector (array<double>), the
-    ``transform_version`` column (and ``cluster_id`` for cluster recentering). No model = method none."""
+    """Output rows of ``df``: every input column, ``out_col`` = corrected vector (element type per
+    ``output_dtype``), the ``transform_version`` column (and ``cluster_id`` for cluster recentering). No model =
+    method none (the vectors as they are, cast when ``output_dtype`` is not ``same``)."""
     config = ctx.config
-    out = ctx.model.transform(df) if ctx.model is not None else df.withColumn(config.out_col, F.col(config.vector_col))
+    if ctx.model is not None:
+        out = ctx.model.setOutputDtype(config.output_dtype).transform(df)
+    else:
+        vectors = F.col(config.vector_col)
+        if config.output_dtype != "same":
+            vectors = vectors.cast(f"array<{'float' if config.output_dtype == 'float32' else 'double'}>")
+        out = df.withColumn(config.out_col, vectors)
     if config.out_col != config.vector_col:
         out = out.drop(config.vector_col)
     return out.withColumn(VERSION_COLUMN, F.lit(ctx.transform_version))

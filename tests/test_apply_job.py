@@ -146,3 +146,43 @@ def test_invalid_rows_and_dimension_mismatch(spark, corpus, tmp_path):
     write_table(spark, narrow, data[:20, :8])
     with pytest.raises(ArtifactError, match="dimension 8 but transform center-"):
         run_apply(spark, dataclasses.replace(config, input=narrow))
+
+
+def float32_table(spark, path, matrix, bad_rows=()):
+    """Delta table ``id long, vector array<float>`` of ``matrix``; the ids in ``bad_rows`` get a NaN vector."""
+    rows = [(i, [float("nan")] * len(row) if i in bad_rows else [float(v) for v in row]) for i, row in enumerate(matrix)]
+    spark.createDataFrame(rows, "id long, vector array<float>").repartition(2).write.format("delta").save(path)
+    return path
+
+
+@pytest.mark.parametrize("output_dtype, element", [("same", "float"), ("float64", "double"), ("float32", "float")])
+def test_output_dtype_and_one_pass_quarantine(spark, corpus, tmp_path, output_dtype, element):
+    """array<float> in → array<float> out by default; the key overrides; quarantined rows counted in one apply."""
+    root, data = corpus
+    _, artifact = fitted(spark, root, "center")
+    source = float32_table(spark, str(tmp_path / "f32"), data[:50], bad_rows={4, 9})
+    config = ApplyConfig(input=source, artifact=artifact, output=str(tmp_path / "o"), output_dtype=output_dtype,
+                         on_invalid="quarantine", quarantine_path=str(tmp_path / "q"))
+    summary = run_apply(spark, config)
+    assert summary["invalid_rows"] == 2 and summary["invalid_by_reason"] == {"non_finite": 2}
+    out = spark.read.format("delta").load(config.output)
+    assert out.schema["vector"].dataType.simpleString() == f"array<{element}>"
+    got = {r["id"]: np.array(r["vector"]) for r in out.collect()}
+    assert sorted(got) == [i for i in range(50) if i not in (4, 9)]
+    want = data[:50].astype(np.float32).astype(np.float64) - load_artifact(artifact).transform.mean
+    tolerance = 1e-12 if element == "double" else 1e-6
+    for i, vector in got.items():
+        expected = want[i].astype(np.float32) if element == "float" else want[i]
+        np.testing.assert_allclose(vector, expected, rtol=tolerance, atol=tolerance)
+    quarantined = spark.read.format("delta").load(str(tmp_path / "q"))
+    assert sorted(r["id"] for r in quarantined.collect()) == [4, 9]
+
+
+def test_float32_overflow_after_cast_is_refused(spark, corpus, tmp_path):
+    root, data = corpus
+    huge = Artifact(Center(np.full(D, -1e39)), {"transform_version": "center-huge", "n": N, "fitted_on": None})
+    source = float32_table(spark, str(tmp_path / "f32"), data[:10])
+    config = ApplyConfig(input=source, artifact="unused", output=str(tmp_path / "o"), output_dtype="float32")
+    with pytest.raises(Exception, match="non-finite output value after the cast to float32"):
+        run_apply(spark, config, artifact=huge)
+    assert latest_commit(spark, config.output) is None

@@ -12,7 +12,7 @@ from anisotropy_core import diagnose
 from anisotropy_core.diagnostics import project_on_u1
 from anisotropy_core.synthetic import cone
 from anisotropy_spark.diagnostics import PROJECTION_COL, diagnose_dataframe, with_u1_projection
-from anisotropy_spark.io import InvalidRowsError, as_double_array, infer_dimension, validate
+from anisotropy_spark.io import InvalidRowsError, as_vector_array, infer_dimension, validate
 from jobs import diagnose as job
 from jobs.config import ConfigError
 
@@ -42,7 +42,7 @@ def test_spark_equals_core_to_1e10(spark, vector_type):
     X, _ = corpus()
     if vector_type == "array<float>":
         X = X.astype(np.float32).astype(np.float64)
-    df = as_double_array(frame(spark, X, vector_type=vector_type).repartition(3), "vector")
+    df = as_vector_array(frame(spark, X, vector_type=vector_type).repartition(3), "vector")
     got, want = diagnose_dataframe(df, "vector", X.shape[1]), diagnose(X)
     for key in SCALARS:
         assert abs(got[key] - want[key]) <= 1e-10 * max(1.0, abs(want[key])), key
@@ -53,7 +53,7 @@ def test_spark_equals_core_to_1e10(spark, vector_type):
 
 def test_projection_dataframe_equals_numpy_with_chispa(spark):
     X, tokens = corpus(n=200, d=6, seed=3)
-    df = as_double_array(frame(spark, X, {"token_count": tokens}), "vector")
+    df = as_vector_array(frame(spark, X, {"token_count": tokens}), "vector")
     report = diagnose_dataframe(df, "vector", 6)
     actual = with_u1_projection(df, "vector", report).orderBy("id")
     expected_proj = project_on_u1(X, diagnose(X))

@@ -1,0 +1,132 @@
+"""The input contract, checked batch by batch in numpy inside the pass that uses the rows.
+
+A row is invalid, for the first matching reason in this order: ``null_id`` (the id is null),
+``null_vector``, ``wrong_dimension:<length>``, ``non_finite`` (NaN, ±Inf or a null element) or ``zero_norm``.
+:func:`check_batch` splits one Arrow batch into the (B_valid, d) float64 matrix of its valid rows and the
+per-row reasons, reading ``array<float>`` as float32 and casting per batch (no JVM-side double copy).
+:class:`Tally` counts the reasons with up to five sample ids each; partitions' tallies merge like moments.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+REASON_COLUMN = "invalid_reason"
+SAMPLE_IDS = 5
+
+
+class InvalidRowsError(ValueError):
+    """Input rows violate the contract and the job was configured with ``on_invalid: error``."""
+
+
+@dataclass
+class CheckedBatch:
+    """One batch split by the contract: ``matrix`` (B_valid, d) float64 of the valid rows in batch order,
+    ``valid`` (B,) bool mask, ``reasons`` (B,) object array (None where valid) or None when all rows are valid."""
+
+    matrix: np.ndarray
+    valid: np.ndarray
+    reasons: np.ndarray | None
+
+
+def vector_column(batch: pa.RecordBatch, vector_col: str) -> pa.Array:
+    """The ``vector_col`` list array of ``batch`` as one contiguous chunk."""
+    column = batch.column(batch.schema.get_field_index(vector_col))
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+
+
+def check_batch(batch: pa.RecordBatch, vector_col: str, id_col: str | None, dimension: int) -> CheckedBatch:
+    """Apply the contract to ``batch`` (``vector_col`` list<float|double>); ``id_col`` None skips ``null_id``."""
+    column = vector_column(batch, vector_col)
+    rows = len(column)
+    offsets = np.asarray(column.offsets)
+    lengths = np.diff(offsets)
+    values = column.values.to_numpy(zero_copy_only=False)        # float32 stays float32; null elements → NaN
+    null_vector = column.is_null().to_numpy(zero_copy_only=False) if column.null_count else np.zeros(rows, bool)
+    shaped = ~null_vector & (lengths == dimension)
+    if shaped.all():
+        start = offsets[0] if rows else 0
+        matrix = values[start:start + rows * dimension].reshape(rows, dimension)
+    else:
+        matrix = values[offsets[:-1][shaped][:, None] + np.arange(dimension)]
+    finite = np.isfinite(matrix).all(axis=1)
+    nonzero = (matrix != 0).any(axis=1)
+    null_id = np.zeros(rows, bool)
+    if id_col is not None:
+        ids = batch.column(batch.schema.get_field_index(id_col))
+        if ids.null_count:
+            null_id = ids.is_null().to_numpy(zero_copy_only=False)
+    kept = finite & nonzero & ~null_id[shaped]           # over the rows of ``matrix``
+    valid = shaped.copy()
+    valid[shaped] = kept
+    if valid.all():
+        return CheckedBatch(np.asarray(matrix, dtype=np.float64), valid, None)
+    reasons = np.full(rows, None, dtype=object)
+    shaped_rows = np.flatnonzero(shaped)
+    reasons[shaped_rows[~nonzero]] = "zero_norm"
+    reasons[shaped_rows[~finite]] = "non_finite"
+    for row in np.flatnonzero(~shaped & ~null_vector):
+        reasons[row] = f"wrong_dimension:{lengths[row]}"
+    reasons[null_vector] = "null_vector"
+    reasons[null_id] = "null_id"
+    return CheckedBatch(np.asarray(matrix[kept], dtype=np.float64), valid, reasons)
+
+
+@dataclass
+class Tally:
+    """Invalid rows seen so far: ``counts`` {reason: rows} and ``samples`` {reason: up to five ids}."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    samples: dict[str, list] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def add(self, checked: CheckedBatch, ids: pa.Array | None) -> None:
+        """Count the invalid rows of one checked batch; ``ids``: the batch's id column (None: no samples)."""
+        if checked.reasons is None:
+            return
+        for row in np.flatnonzero(~checked.valid):
+            reason = checked.reasons[row]
+            self.counts[reason] = self.counts.get(reason, 0) + 1
+            kept = self.samples.setdefault(reason, [])
+            if ids is not None and len(kept) < SAMPLE_IDS:
+                kept.append(ids[row].as_py())
+
+    def merge(self, other: "Tally") -> "Tally":
+        counts = {r: self.counts.get(r, 0) + other.counts.get(r, 0) for r in {*self.counts, *other.counts}}
+        samples = {r: (self.samples.get(r, []) + other.samples.get(r, []))[:SAMPLE_IDS] for r in counts}
+        return Tally(counts, samples)
+
+    def sample_ids(self) -> list:
+        """Up to five sample ids over all reasons, in reason order."""
+        return [i for r in sorted(self.samples) for i in self.samples[r]][:SAMPLE_IDS]
+
+    def to_json(self) -> str:
+        return json.dumps({"counts": self.counts, "samples": self.samples}, default=str)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Tally":
+        return cls(**json.loads(text))
+
+
+def first_invalid_error(checked: CheckedBatch, batch: pa.RecordBatch, vector_col: str, id_col: str) -> InvalidRowsError:
+    """The error raised in a worker for the first invalid row of ``batch`` (``on_invalid: error``)."""
+    row = int(np.argmin(checked.valid))
+    row_id = batch.column(batch.schema.get_field_index(id_col))[row].as_py()
+    return InvalidRowsError(f"invalid input row: {checked.reasons[row]} in column {vector_col!r}, "
+                            f"{id_col} [{row_id}]; nothing was written. Fix the input or set on_invalid: quarantine.")
+
+
+_WORKER_ERROR = re.compile(r"InvalidRowsError: (.*)")
+
+
+def invalid_rows_from_worker(exc: Exception) -> InvalidRowsError | None:
+    """The :class:`InvalidRowsError` a Python worker raised inside ``exc`` (a captured Spark error), or None."""
+    found = _WORKER_ERROR.search(str(exc))
+    return InvalidRowsError(found.group(1).strip()) if found else None
