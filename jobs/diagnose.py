@@ -115,10 +115,11 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
             if config.clusters else None
     finally:
         checked.release()
-    noise = sampling_noise(report)
     sign_null = sign_structure_null(sample[0])
+    report["A_sign_null"] = sign_null["null"]
+    noise = sampling_noise(report)                      # A_z measured from the sign-structure null
     report.update(isoscore=isoscore_from_spectrum(report["spectrum"]), A_noise_z=noise["A_z"],
-                  null_effective_rank=noise["null_effective_rank"], A_sign_null=sign_null["null"],
+                  null_effective_rank=noise["null_effective_rank"],
                   partition_ratio=partition_ratio(sample[0])["I"])
     return {
         "run_id": uuid.uuid4().hex,
