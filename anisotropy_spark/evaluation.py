@@ -67,9 +67,14 @@ def read_queries(spark: SparkSession, path: str, id_col: str, vector_col: str, r
     vectors = batch_matrix(table.combine_chunks().to_batches()[0], vector_col, dimension)
     if not np.isfinite(vectors).all():
         raise ValueError(f"queries table {path}: non-finite query vector at row {int(np.argmin(np.isfinite(vectors).all(axis=1)))}")
+    ids = np.asarray(table.column(id_col).to_numpy(zero_copy_only=False), dtype=np.int64)
     relevant = [np.atleast_1d(np.asarray(r if r is not None else [], dtype=np.int64))
                 for r in table.column(relevant_col).to_pylist()]
-    return QuerySet(np.asarray(table.column(id_col).to_numpy(zero_copy_only=False), dtype=np.int64), vectors, relevant)
+    empty = [i for i, r in enumerate(relevant) if r.size == 0]
+    if empty:
+        raise ValueError(f"queries table {path}: {len(empty)} query(ies) without a relevant id, first "
+                         f"{id_col}={ids[empty[0]]}; recall and nDCG are undefined for them")
+    return QuerySet(ids, vectors, relevant)
 
 
 def distributed_top_k(df: DataFrame, vector_col: str, id_col: str, dimension: int,

@@ -68,7 +68,8 @@ CHAPTER_HEADING = r"^Chapter [0-9]+:"
 
 def chapter_queries(spark: SparkSession, config: DemoConfig) -> None:
     """Write the labelled query set of the demo: one query per corpus sentence (query_id = its row id, its
-    own vector), relevant = the ids of every OTHER sentence of the same textbook chapter.
+    own vector), relevant = the ids of every OTHER sentence of the same textbook chapter. The book's title
+    line, alone before chapter 1, has no other sentence of its chapter and is not a query.
 
     The chapter of a sentence is the number of ``Chapter N:`` headings at or before it in reading order
     (``sentence_id``); the title before chapter 1 is chapter 0. The label says which chapter a sentence was
@@ -80,7 +81,8 @@ def chapter_queries(spark: SparkSession, config: DemoConfig) -> None:
     members = labelled.groupBy("chapter").agg(F.collect_list("id").alias("members"))
     queries = (labelled.join(members, "chapter")
                .select(F.col("id").alias("query_id"), "vector", "chapter",
-                       F.filter("members", lambda m: m != F.col("id")).alias("relevant")))
+                       F.filter("members", lambda m: m != F.col("id")).alias("relevant"))
+               .where(F.size("relevant") > 0))
     queries.write.format("delta").mode("overwrite").save(config.queries_table)
 
 
