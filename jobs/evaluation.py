@@ -25,10 +25,13 @@ from jobs.config import EvaluationConfig
 
 
 def candidate_directions(state: Moments, recommendation: Recommendation) -> list[int]:
-    """The evidence directions of the ABTT candidates: the recommendation's set when it recommends ABTT
-    (artefact directions or the Marchenko–Pastur count), else the directions above the MP edge."""
+    """The evidence directions of the ABTT candidates: the recommendation's set when it recommends ABTT,
+    else the artefact directions it found (``evidence["artefact_directions"]``), else the directions above
+    the Marchenko–Pastur edge."""
     if recommendation.method == "abtt" and recommendation.directions:
         return list(recommendation.directions)
+    if recommendation.evidence.get("artefact_directions"):
+        return list(recommendation.evidence["artefact_directions"])
     lam, _ = centred_spectrum(state)
     return choose_directions(lam, state.n, state.d, "marchenko_pastur")[0]
 

@@ -162,3 +162,12 @@ def test_bench_line_many_queries_scaled_down(spark):
     ref = brute_force(queries, x, ids, 10)
     assert np.array_equal(got["none"][1], ref[1])
     print(f"\nbench: distributed exact top-10, 1000 queries x 5000 rows x d 32, 4 partitions: {elapsed:.2f} s")
+
+
+def test_cluster_recenter_joins_the_candidates_when_given():
+    from anisotropy_core.clustering import fit_cluster_recenter
+    from anisotropy_core.synthetic import mixture
+    x, _ = mixture(400, 8, (0.5, 0.5), separation=8.0, seed=1)
+    recenter, _ = fit_cluster_recenter(x, 2, seed=0)
+    fitted = fit_candidates(Moments.of_batch(x), directions=[1], k=4, cluster_recenter=recenter)
+    assert list(fitted)[-1] == "cluster_recenter" and fitted["cluster_recenter"] is recenter
