@@ -44,19 +44,55 @@ def marchenko_pastur_edges(n: int, d: int, variance: float = 1.0) -> tuple[float
     return float(variance * (1 - gamma) ** 2), float(variance * (1 + gamma) ** 2)
 
 
-def power_law_fit(eigenvalues: np.ndarray) -> tuple[float, float]:
-    """(α, C) of the least-squares line log λ_k = log C − α log k over the nonzero spectrum.
+MIN_FIT_POINTS = 3  # a slope over fewer eigenvalues is not a power law (a spike over a flat bulk gives 1)
 
-    ``eigenvalues``: (d,) descending. Every eigenvalue above ``RANK_TOLERANCE · λ₁`` takes part (the seed's
-    "fit a straight line to your log-log spectrum"); (nan, nan) with fewer than 2 of them.
+
+def signal_range(eigenvalues: np.ndarray, n: int, d: int) -> tuple[int, int]:
+    """(k_lo, k_hi), 1-based inclusive: the eigenvalues above the Marchenko–Pastur upper edge.
+
+    ``eigenvalues``: (d,) centred spectrum, descending. The edge is that of an isotropic cloud of the same
+    total variance (σ² = tr Σ / d). Below it the spectrum is shaped by finite-sample noise (and LayerNorm's
+    exact zero), not by the population, so a slope fitted there measures n/d rather than the embedder.
+    k_hi = 0 when nothing is above the edge.
     """
     lam = np.asarray(eigenvalues, dtype=np.float64)
-    keep = lam > RANK_TOLERANCE * lam[0]
-    if keep.sum() < 2:
+    _, upper = marchenko_pastur_edges(n, d, variance=float(lam.sum()) / d)
+    return 1, int((lam > upper).sum())
+
+
+def power_law_fit(eigenvalues: np.ndarray, k_range: tuple[int, int] | None = None) -> tuple[float, float]:
+    """(α, C) of the least-squares line log λ_k = log C − α log k over k_lo ≤ k ≤ k_hi (1-based).
+
+    ``eigenvalues``: (d,) descending; ``k_range``: usually :func:`signal_range` (None: the whole spectrum,
+    for spectra known to be population values rather than samples). Eigenvalues at or below
+    ``RANK_TOLERANCE · λ₁`` never take part; (nan, nan) with fewer than ``MIN_FIT_POINTS`` in the range.
+    """
+    lam = np.asarray(eigenvalues, dtype=np.float64)
+    k = np.arange(1, lam.shape[0] + 1)
+    k_range = k_range or (1, lam.shape[0])
+    keep = (k >= k_range[0]) & (k <= k_range[1]) & (lam > RANK_TOLERANCE * lam[0])
+    if keep.sum() < MIN_FIT_POINTS:
         return float("nan"), float("nan")
-    k = np.arange(1, lam.shape[0] + 1)[keep]
-    slope, intercept = np.polyfit(np.log(k), np.log(lam[keep]), 1)
+    slope, intercept = np.polyfit(np.log(k[keep]), np.log(lam[keep]), 1)
     return float(-slope), float(np.exp(intercept))
+
+
+def power_law_effective_rank(alpha: float, d: int) -> float:
+    """Effective rank of the spectrum k^−α, k = 1..d (seed chapter 1: α = 1 at d = 768 gives ≈ 152)."""
+    return effective_rank(np.arange(1, d + 1, dtype=np.float64) ** -float(alpha))
+
+
+def alpha_from_effective_rank(erank: float, d: int, alpha_max: float = 20.0) -> float:
+    """The α whose k^−α spectrum over ``d`` eigenvalues has effective rank ``erank`` (bisection; erank
+    falls monotonically from d at α = 0). A cross-check of the fitted slope that uses the whole spectrum's
+    entropy instead of a line; ``alpha_max`` when erank is below that of k^−alpha_max."""
+    lo, hi = 0.0, float(alpha_max)
+    if erank >= d:
+        return 0.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if power_law_effective_rank(mid, d) > erank else (lo, mid)
+    return 0.5 * (lo + hi)
 
 
 def plain_scalar(value):
@@ -108,8 +144,13 @@ class Diagnosis(Mapping):
     * ``mp_lower``, ``mp_upper`` — Marchenko–Pastur edges for this n and d, scaled to the mean
       eigenvalue (an isotropic cloud of the same total variance); ``mp_above_upper`` — how many
       eigenvalues exceed the upper edge (directions that are signal rather than sampling noise),
-    * ``power_law_alpha`` — fitted slope α of the log-log spectrum (see :func:`power_law_fit`),
+    * ``power_law_alpha`` — slope α of the log-log spectrum fitted over the signal range only
+      (:func:`power_law_fit` over :func:`signal_range`); nan when fewer than 3 eigenvalues are above the edge,
+    * ``power_law_range`` — that range ``[k_lo, k_hi]`` (1-based, inclusive),
+    * ``erank_alpha`` — the α implied by the effective rank (:func:`alpha_from_effective_rank`), a cross-check,
     * ``u1`` — (d,) first principal direction, sign-canonicalised,
+    * ``principal_directions`` — (d, d) all principal directions as columns, descending, sign-canonicalised
+      (the per-direction artefact test projects on the first K of them),
     * ``mean`` — (d,) raw mean μ (needed to project centred vectors onto u1).
     """
 
@@ -129,8 +170,11 @@ class Diagnosis(Mapping):
     mp_upper: float
     mp_above_upper: int
     power_law_alpha: float
+    erank_alpha: float
+    power_law_range: tuple[int, int] = _array()
     spectrum: np.ndarray = _array()
     u1: np.ndarray = _array()
+    principal_directions: np.ndarray = _array()
     mean: np.ndarray = _array()
 
     @classmethod
@@ -184,6 +228,7 @@ def diagnose(data: Moments | np.ndarray) -> Diagnosis:
     erank = effective_rank(lam)
     raw = np.linalg.eigvalsh(state.second_moment())
     mp_lower, mp_upper = marchenko_pastur_edges(n, d, variance=total / d)
+    fit_range = signal_range(lam, n, d)
     return Diagnosis(
         n=int(n),
         d=int(d),
@@ -199,10 +244,13 @@ def diagnose(data: Moments | np.ndarray) -> Diagnosis:
         numerical_rank=int((lam > RANK_TOLERANCE * lam[0]).sum()),
         mp_lower=mp_lower,
         mp_upper=mp_upper,
-        mp_above_upper=int((lam > mp_upper).sum()),
-        power_law_alpha=power_law_fit(lam)[0],
+        mp_above_upper=fit_range[1],
+        power_law_alpha=power_law_fit(lam, fit_range)[0],
+        erank_alpha=alpha_from_effective_rank(erank, d),
+        power_law_range=tuple(fit_range),
         spectrum=lam,
         u1=vecs[:, 0],
+        principal_directions=vecs,
         mean=state.mean.copy(),
     )
 

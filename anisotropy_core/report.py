@@ -16,12 +16,13 @@ import math
 import os
 from typing import Mapping
 
+import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from . import storage
-from .diagnostics import RANK_TOLERANCE, power_law_fit, project_on_u1
+from .diagnostics import RANK_TOLERANCE, power_law_fit, project_on_u1, signal_range
 
 MAX_PAIRS = 20_000
 BEFORE_COLOUR, AFTER_COLOUR, NULL_COLOUR = "#c0392b", "#2471a3", "#7f8c8d"
@@ -43,9 +44,12 @@ def _draw_spectrum(ax, report: Mapping, colour: str, label: str, band: bool, hol
     k = np.arange(1, lam.shape[0] + 1)
     ax.loglog(k[keep], lam[keep], "o" if hollow else ".", ms=5 if hollow else 3, color=colour,
               mfc="none" if hollow else colour, label=f"{label} eigenvalues")
-    alpha, scale = power_law_fit(lam)
-    ax.loglog(k[keep], scale * k[keep] ** -alpha, "-", lw=1, color=colour, alpha=0.8,
-              label=f"{label} fit α = {alpha:.2f}")
+    k_lo, k_hi = report.get("power_law_range") or signal_range(lam, int(report["n"]), int(report["d"]))
+    alpha, scale = power_law_fit(lam, (k_lo, k_hi))
+    if math.isfinite(alpha):                    # the line is drawn over the range it was fitted on, only
+        span = np.arange(k_lo, k_hi + 1)
+        ax.loglog(span, scale * span ** -alpha, "-", lw=1.5, color=colour, alpha=0.8,
+                  label=f"{label} fit α = {alpha:.2f} over k = {k_lo}…{k_hi} (above the MP edge)")
     if band:
         ax.axhspan(report["mp_lower"], report["mp_upper"], color=NULL_COLOUR, alpha=0.18,
                    label=f"Marchenko–Pastur band (isotropic, n={report['n']}, d={report['d']})")
@@ -145,6 +149,29 @@ def u1_metadata_figure(report: Mapping, samples: np.ndarray, metadata: Mapping[s
     return fig
 
 
+def artefact_heatmap_figure(directions: list[Mapping]) -> Figure:
+    """Direction × metadata column heatmap of |corr(projection on u_j, column)| (the per-direction artefact
+    test, ``report.json``'s ``artefact.directions``); undefined correlations (constant column) are grey."""
+    columns = sorted({c for row in directions for c in row["abs_corr"]})
+    if not columns:
+        raise ValueError("artefact heatmap needs at least one metadata column")
+    grid = np.array([[np.nan if row["abs_corr"].get(c) is None else row["abs_corr"][c] for c in columns]
+                     for row in directions])                                           # (K, columns)
+    fig = _new_figure(1.6 + 1.1 * len(columns), 1.2 + 0.32 * len(directions))
+    ax = fig.add_subplot()
+    cmap = matplotlib.colormaps["Reds"].with_extremes(bad=NULL_COLOUR)
+    image = ax.imshow(np.ma.masked_invalid(grid), vmin=0.0, vmax=1.0, cmap=cmap, aspect="auto")
+    for (i, j), value in np.ndenumerate(grid):
+        if math.isfinite(value):
+            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                    color="white" if value > 0.6 else "black")
+    ax.set_xticks(range(len(columns)), columns, rotation=30, fontsize=8)
+    ax.set_yticks(range(len(directions)), [f"u{row['index']}" for row in directions], fontsize=8)
+    ax.set_title("|corr(projection, column)| per principal direction", fontsize=10)
+    fig.colorbar(image, ax=ax, fraction=0.05)
+    return fig
+
+
 def before_after_figure(before: Mapping, after: Mapping, before_samples: np.ndarray | None = None,
                         after_samples: np.ndarray | None = None) -> Figure:
     """Before/after panels of a transform: both spectra on log-log axes, both cosine histograms (when both
@@ -202,10 +229,74 @@ def scalar_rows(report: Mapping, prefix: str = "") -> list[tuple[str, str]]:
     return rows
 
 
-def html_report(report: Mapping, images: Mapping[str, bytes], title: str = "Anisotropy report") -> str:
-    """One self-contained HTML page: the report's scalar numbers as a table and each PNG of ``images``
-    ({caption: PNG bytes}) embedded as a base64 data URI."""
-    table = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in scalar_rows(report))
+CLUSTER_KEYS = ["size", "share", "anisotropy_A", "offset_ratio", "top1_var", "effective_rank",
+                "induced_A_global_centring"]
+
+
+def cell_text(value) -> str:
+    """A table cell: – for None, 4 significant digits for floats."""
+    if value is None:
+        return "–"
+    if isinstance(value, (float, np.floating)):
+        return f"{float(value):.4g}"
+    return str(value)
+
+
+def _verdict_html(verdict: Mapping | None, evaluation: Mapping | None) -> str:
+    """The opening section: recommended method, its reasons and warnings, and the candidate table."""
+    if not verdict and not evaluation:
+        return ""
+    parts = ['<section id="verdict"><h2>Verdict</h2>']
+    if verdict:
+        what = html.escape(str(verdict["method"]))
+        detail = [f"{key} = {html.escape(str(verdict[key]))}" for key in ("directions", "D", "k")
+                  if verdict.get(key) is not None]
+        parts.append(f'<p class="recommendation">Recommended correction: <strong>{what}</strong>'
+                     + (f" ({', '.join(detail)})" if detail else "") + "</p>")
+        parts.append('<h3>Why</h3><ul class="reasons">' + "".join(
+            f"<li>{html.escape(r)}</li>" for r in verdict.get("reasons", [])) + "</ul>")
+        if verdict.get("warnings"):
+            parts.append('<h3>Warnings</h3><ul class="warnings">' + "".join(
+                f"<li>{html.escape(w)}</li>" for w in verdict["warnings"]) + "</ul>")
+    if evaluation:
+        rows = evaluation["candidates"]
+        metrics = sorted({m for row in rows.values() for m in row})
+        head = "".join(f"<th>{html.escape(m)}</th>" for m in metrics)
+        body = "".join(
+            ('<tr class="chosen">' if name == evaluation.get("chosen") else "<tr>") + f"<th>{html.escape(name)}</th>"
+            + "".join(f"<td>{cell_text(row.get(m))}</td>" for m in metrics) + "</tr>" for name, row in rows.items())
+        parts.append(f'<h3>Retrieval quality per candidate (best by {html.escape(str(evaluation.get("metric")))}: '
+                     f'{html.escape(str(evaluation.get("chosen")))}; "none" is the raw vectors)</h3>'
+                     f'<table id="candidates"><tr><th>candidate</th>{head}</tr>{body}</table>')
+    return "\n".join(parts) + "</section>"
+
+
+def _clusters_html(clusters: Mapping | None) -> str:
+    if not clusters:
+        return ""
+    head = "".join(f"<th>{k}</th>" for k in CLUSTER_KEYS)
+    rows = [("all", clusters["global"])] + [(str(r["cluster"]), r) for r in clusters["clusters"]]
+    body = "".join(f"<tr><th>{html.escape(name)}</th>" + "".join(f"<td>{cell_text(row.get(k))}</td>" for k in CLUSTER_KEYS)
+                   + "</tr>" for name, row in rows)
+    verdict = ("globally anisotropic, locally isotropic: every cluster is flatter than the whole corpus"
+               if clusters.get("locally_isotropic") else "not locally isotropic: some cluster is as concentrated "
+               "as the whole corpus")
+    return (f'<section id="clusters"><h2>Per cluster</h2><table id="cluster-table"><tr><th>cluster</th>{head}</tr>'
+            f"{body}</table><p>{verdict}</p></section>")
+
+
+def html_report(report: Mapping, images: Mapping[str, bytes], title: str = "Anisotropy report",
+                meanings: Mapping[str, str] | None = None, verdict: Mapping | None = None,
+                evaluation: Mapping | None = None, clusters: Mapping | None = None) -> str:
+    """One self-contained HTML page, in reading order: the verdict (``verdict``: a recommendation dict with
+    method, D, directions, k, reasons, warnings; ``evaluation``: ``{"candidates": {name: {metric: value}},
+    "chosen", "metric"}``), the report's scalar numbers with their ``meanings`` ({name: text}), the per-cluster
+    table (``clusters``: a cluster-diagnostics dict) and each PNG of ``images`` ({caption: PNG bytes})
+    embedded as a base64 data URI."""
+    meanings = meanings or {}
+    table = "\n".join(f'<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td>'
+                      f'<td class="meaning">{html.escape(meanings.get(k, ""))}</td></tr>'
+                      for k, v in scalar_rows(report))
     figures = "\n".join(
         f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
         f"<figcaption>{html.escape(name)}</figcaption></figure>" for name, png in images.items())
@@ -213,26 +304,34 @@ def html_report(report: Mapping, images: Mapping[str, bytes], title: str = "Anis
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}}
 table{{border-collapse:collapse}}th,td{{padding:2px 10px;border-bottom:1px solid #ddd;text-align:left}}
-td{{font-family:monospace}}img{{max-width:100%}}figure{{margin:1.5em 0}}</style></head>
+td{{font-family:monospace}}td.meaning{{font-family:sans-serif;color:#555}}tr.chosen{{background:#eaf2f8}}
+img{{max-width:100%}}figure{{margin:1.5em 0}}</style></head>
 <body><h1>{html.escape(title)}</h1>
-<h2>Numbers</h2><table>
+{_verdict_html(verdict, evaluation)}
+<section id="numbers"><h2>Numbers</h2><table id="metrics">
+<tr><th>number</th><td>value</td><td class="meaning">meaning</td></tr>
 {table}
-</table>
-<h2>Plots</h2>
+</table></section>
+{_clusters_html(clusters)}
+<section id="plots"><h2>Plots</h2>
 {figures}
+</section>
 </body></html>
 """
 
 
 def write_report_assets(report: Mapping, out_dir: str | os.PathLike, samples: np.ndarray | None = None,
                         metadata: Mapping[str, np.ndarray] | None = None, before: Mapping | None = None,
-                        before_samples: np.ndarray | None = None, title: str = "Anisotropy report") -> dict[str, str]:
+                        before_samples: np.ndarray | None = None, title: str = "Anisotropy report",
+                        artefact_directions: list[Mapping] | None = None, **page: Mapping | None) -> dict[str, str]:
     """Write the plots of ``report`` as PNGs plus ``report.html`` into ``out_dir`` (a local path or URI, see
     :mod:`anisotropy_core.storage`); returns {asset: path}.
 
     Always ``spectrum.png``; with ``samples`` (m, d) also ``cosines.png``; with samples and ``metadata``
     ({name: (m,)}) also ``u1_metadata.png``; with ``before`` (the report before a transform; ``report`` is
-    the one after) also ``before_after.png`` (cosine panel when ``before_samples`` and ``samples`` are given).
+    the one after) also ``before_after.png`` (cosine panel when ``before_samples`` and ``samples`` are given);
+    with ``artefact_directions`` (the per-direction artefact test) also ``artefact_heatmap.png``.
+    ``page``: the keyword sections of :func:`html_report` (meanings, verdict, evaluation, clusters).
     """
     figures = {"spectrum": ("Centred spectrum, Marchenko–Pastur band and power-law fit", spectrum_figure(report))}
     if samples is not None:
@@ -240,6 +339,9 @@ def write_report_assets(report: Mapping, out_dir: str | os.PathLike, samples: np
         if metadata:
             figures["u1_metadata"] = ("u1 projection vs metadata (the artefact test)",
                                       u1_metadata_figure(report, samples, metadata))
+    if artefact_directions and any(row["abs_corr"] for row in artefact_directions):
+        figures["artefact_heatmap"] = ("Per-direction artefact test: |corr| of each principal direction's "
+                                       "projection with each metadata column", artefact_heatmap_figure(artefact_directions))
     if before is not None:
         figures["before_after"] = ("Before / after the transform",
                                    before_after_figure(before, report, before_samples, samples))
@@ -251,6 +353,6 @@ def write_report_assets(report: Mapping, out_dir: str | os.PathLike, samples: np
         storage.write_atomic(path, png)
         paths[name], images[caption] = path, png
     html_path = storage.join(base, "report.html")
-    storage.write_atomic(html_path, html_report(report, images, title))
+    storage.write_atomic(html_path, html_report(report, images, title, **page))
     paths["html"] = html_path
     return paths

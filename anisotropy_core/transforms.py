@@ -5,7 +5,8 @@ one driver-side ``eigh`` of its *centred* covariance Σ (1/n normalisation). Row
 vectors are rows, a batch is an (n, d) matrix, matrices act on the right.
 
 * :class:`Center`        — z = v − μ.                                       (n, d) → (n, d)
-* :class:`AllButTheTop`  — z = (v − μ) P,  P = I − UᵀU, U (D, d) the top-D principal directions of Σ
+* :class:`AllButTheTop`  — z = (v − μ) P,  P = I − UᵀU, U (D, d) a chosen set of principal directions of Σ
+                           (the top D, or any set such as PC1 and PC3; :func:`choose_directions`)
                            (never of the uncentred second moment S = Σ + μμᵀ, whose top direction is
                            essentially μ and would waste the first removal on redoing the centring).
                                                                              (n, d) → (n, d)
@@ -148,33 +149,36 @@ class Center(FittedTransform):
 
 @register
 class AllButTheTop(FittedTransform):
-    """Centre, then project out U (D, d), the top-D principal directions of the centred covariance.
+    """Centre, then project out U (D, d), D chosen principal directions of the centred covariance.
 
     ``eigenvalues`` (d,) is the full centred spectrum (descending), kept for reporting;
-    ``d_rule`` names the rule that chose D (see :func:`choose_d`).
+    ``d_rule`` names the rule that chose the directions and ``directions`` their 1-based principal-component
+    indices (any set, e.g. [1, 3]; default the top D) (see :func:`choose_directions`).
     """
 
     method = "abtt"
 
-    def __init__(self, mean, components, eigenvalues, d_rule="explicit"):
+    def __init__(self, mean, components, eigenvalues, d_rule="explicit", directions=None):
         super().__init__(mean)
         self.components = np.asarray(components, dtype=np.float64).reshape(-1, self.d_in)  # (D, d)
         self.eigenvalues = np.asarray(eigenvalues, dtype=np.float64)                         # (d,)
         self.d_rule = d_rule
+        self.directions = [int(j) for j in directions] if directions is not None else list(range(1, self.D + 1))
 
     @property
     def D(self) -> int:
         return int(self.components.shape[0])
 
     def params(self):
-        return {"D": self.D, "d_rule": self.d_rule}
+        return {"D": self.D, "d_rule": self.d_rule, "directions": self.directions}
 
     def arrays(self):
         return {"mean": self.mean, "components": self.components, "eigenvalues": self.eigenvalues}
 
     @classmethod
     def from_parts(cls, params, arrays):
-        return cls(arrays["mean"], arrays["components"], arrays["eigenvalues"], params.get("d_rule", "explicit"))
+        return cls(arrays["mean"], arrays["components"], arrays["eigenvalues"], params.get("d_rule", "explicit"),
+                   params.get("directions"))
 
     def projector(self) -> np.ndarray:
         """(d, d) symmetric idempotent P = I − UᵀU."""
@@ -251,58 +255,111 @@ def fit_center(state: Moments) -> Center:
     return Center(state.mean)
 
 
-def choose_d(eigenvalues: np.ndarray, n: int, d: int, D: int | None = None,
-             max_D: int | None = None) -> tuple[int, str]:
-    """Number of top directions to remove, and the rule that chose it.
+DIRECTION_RULES = ("explicit", "marchenko_pastur", "artefact", "rule_of_thumb")
 
-    ``eigenvalues``: (d,) centred covariance spectrum, descending.
 
-    * ``D`` given → ``"explicit"`` (must satisfy 0 ≤ D < d and D ≤ n − 1, the rank of the centred data).
-    * ``n ≤ d`` → ``"rule_of_thumb_d/100"``: D = max(1, round(d/100)) (Mu & Viswanath). The
-      Marchenko–Pastur null is not informative when the covariance is rank-deficient.
-    * otherwise → ``"marchenko_pastur"``: the count of eigenvalues above the MP upper edge
-      σ²(1+√(d/n))² of an isotropic cloud with the same total variance (σ² = tr Σ / d) — a measurement
-      of how many directions are signal rather than sampling noise — capped at ``max_D``
-      (default: the rule of thumb max(1, round(d/100))); ``"marchenko_pastur_capped"`` when the cap bit.
-      Zero directions above the edge gives D = 0 (ABTT reduces to centring; seed chapter 7, failure six).
+def choose_directions(eigenvalues: np.ndarray, n: int, d: int, rule: str = "marchenko_pastur",
+                      D: int | None = None, indices: list[int] | None = None, max_D: int | None = None,
+                      artefact_directions: list[dict] | None = None,
+                      artefact_corr: float = 0.5) -> tuple[list[int], str]:
+    """Which principal directions ABTT removes: (sorted 1-based indices, the rule that chose them).
+
+    ``eigenvalues``: (d,) centred covariance spectrum, descending. ``rule``:
+
+    * ``"explicit"`` — ``indices`` (any set, e.g. [1, 3]) or the top ``D``. At most min(d − 1, n − 1)
+      directions (the rank of the centred data), each index in 1..d.
+    * ``"marchenko_pastur"`` — the directions above the Marchenko–Pastur upper edge σ²(1+√(d/n))² of an
+      isotropic cloud with the same total variance (σ² = tr Σ / d): a measurement of how many directions are
+      signal rather than sampling noise. Uncapped unless ``max_D`` is given (``"marchenko_pastur_capped"``
+      when the cap bit). Zero above the edge gives none (ABTT reduces to centring; seed chapter 7, failure
+      six). For n ≤ d the null is uninformative and the rule of thumb is used (``"rule_of_thumb_d/100"``).
+    * ``"artefact"`` — the directions above the MP edge whose |corr| with any metadata column reaches
+      ``artefact_corr`` (seed chapter 3, Step B: contamination measured per component).
+      ``artefact_directions``: the per-direction artefact test, ``[{"index", "abs_corr": {col: |corr|}}…]``.
+    * ``"rule_of_thumb"`` — the top max(1, round(d/100)) (Mu & Viswanath; "a starting point, not an answer").
     """
-    thumb = max(1, round(d / 100))
-    if D is not None:
-        if not 0 <= D < d or D > max(n - 1, 0):
-            raise ValueError(f"D={D} must satisfy 0 <= D < d={d} and D <= n-1={n - 1}")
-        return int(D), "explicit"
-    if n <= d:
-        return min(thumb, max(n - 1, 0)), "rule_of_thumb_d/100"
-    cap = thumb if max_D is None else int(max_D)
-    if cap < 0:
-        raise ValueError(f"max_D must be >= 0, got {max_D}")
+    if rule not in DIRECTION_RULES:
+        raise ValueError(f"unknown direction rule {rule!r}; choose one of {list(DIRECTION_RULES)}")
+    limit = min(d - 1, max(n - 1, 0))
+    thumb = min(max(1, round(d / 100)), limit)
     lam = np.asarray(eigenvalues, dtype=np.float64)
     _, upper = marchenko_pastur_edges(n, d, variance=float(lam.sum()) / d)
     above = int((lam > upper).sum())
-    return (cap, "marchenko_pastur_capped") if above > cap else (above, "marchenko_pastur")
+    if rule == "explicit":
+        chosen = sorted(set(int(j) for j in indices)) if indices is not None else \
+            (list(range(1, int(D) + 1)) if D is not None else None)
+        if chosen is None:
+            raise ValueError("direction rule 'explicit' needs D or a list of indices")
+        if D is not None and (D < 0 or D >= d) or len(chosen) > limit or any(not 1 <= j <= d for j in chosen):
+            raise ValueError(f"explicit directions {chosen if indices is not None else f'D={D}'} must be at most "
+                             f"min(d-1, n-1) = {limit} indices in 1..{d} (D={D} must satisfy 0 <= D < d={d} "
+                             f"and D <= n-1={n - 1})")
+        return chosen, "explicit"
+    if rule == "rule_of_thumb" or (rule == "marchenko_pastur" and n <= d):
+        return list(range(1, thumb + 1)), "rule_of_thumb_d/100"
+    if rule == "artefact":
+        return sorted(int(row["index"]) for row in artefact_directions or []
+                      if int(row["index"]) <= above and max_abs_corr(row)[1] >= artefact_corr), "artefact"
+    if max_D is not None and max_D < 0:
+        raise ValueError(f"max_D must be >= 0, got {max_D}")
+    capped = max_D is not None and above > max_D
+    count = min(max_D if capped else above, limit)
+    return list(range(1, count + 1)), "marchenko_pastur_capped" if capped else "marchenko_pastur"
 
 
-def fit_abtt(state: Moments, D: int | None = None, max_D: int | None = None) -> AllButTheTop:
-    """All-but-the-Top from the CENTRED covariance of ``state``; D by :func:`choose_d`."""
+def max_abs_corr(direction: dict) -> tuple[str | None, float]:
+    """(column, |corr|) of the metadata column most correlated with one direction's projection; (None, 0.0)
+    when no column has a defined correlation. ``direction``: ``{"abs_corr": {column: |corr| | None}, …}``."""
+    known = {k: v for k, v in direction.get("abs_corr", {}).items() if v is not None}
+    if not known:
+        return None, 0.0
+    name = max(known, key=known.get)
+    return name, float(known[name])
+
+
+def choose_d(eigenvalues: np.ndarray, n: int, d: int, D: int | None = None,
+             max_D: int | None = None) -> tuple[int, str]:
+    """How many top directions to remove, and the rule: ``D`` given → ``"explicit"``, else the
+    Marchenko–Pastur count of :func:`choose_directions` (uncapped unless ``max_D``)."""
+    chosen, rule = choose_directions(eigenvalues, n, d, "explicit" if D is not None else "marchenko_pastur",
+                                     D=D, max_D=max_D)
+    return len(chosen), rule
+
+
+def fit_abtt(state: Moments, D: int | None = None, max_D: int | None = None, directions: list[int] | None = None,
+             rule: str | None = None, artefact_directions: list[dict] | None = None,
+             artefact_corr: float = 0.5) -> AllButTheTop:
+    """All-but-the-Top from the CENTRED covariance of ``state``.
+
+    The removed set comes from :func:`choose_directions`: ``rule`` defaults to ``"explicit"`` when ``D`` or
+    ``directions`` (1-based indices, any set) is given, else ``"marchenko_pastur"``.
+    """
     _require_spread(state)
     lam, vecs = centred_spectrum(state)               # (d,), (d, d) columns, sign-canonical
-    chosen, rule = choose_d(lam, state.n, state.d, D, max_D)
-    return AllButTheTop(state.mean, vecs[:, :chosen].T, lam, rule)
+    rule = rule or ("explicit" if D is not None or directions is not None else "marchenko_pastur")
+    chosen, used = choose_directions(lam, state.n, state.d, rule, D=D, indices=directions, max_D=max_D,
+                                     artefact_directions=artefact_directions, artefact_corr=artefact_corr)
+    return AllButTheTop(state.mean, vecs[:, [j - 1 for j in chosen]].T, lam, used, chosen)
 
 
 def fit_whitening(state: Moments, k: int | None = None, shrinkage: float = 0.0, eps: float = DEFAULT_EPS,
-                  zca: bool = False, normalize: bool = False) -> Whitening:
+                  zca: bool = False, normalize: bool = False, exclude: list[int] | None = None) -> Whitening:
     """Whitening-k from ``state``: W = U_k Λ_k^{-1/2} (d, k), or ZCA U_k Λ_k^{-1/2} U_kᵀ (d, d).
 
     ``k``: kept directions (default d); ``shrinkage`` α ∈ [0, 1]: Σ ← (1−α)Σ + α(tr Σ/d)I;
     ``eps`` > 0: eigenvalues below eps·λ₁ are clamped to eps·λ₁ (1/√0 would be an inf; for n ≤ d prefer
     k < n or shrinkage — the clamped count is reported as ``clamped``).
+    ``exclude``: 1-based principal directions dropped before the k are kept — ABTT of those directions then
+    whitening, in one matrix (ABTT's projector commutes with Σ, so Σ's other eigenpairs are unchanged).
     """
     _require_spread(state)
     d = state.d
-    k = d if k is None else int(k)
-    if not 1 <= k <= d:
-        raise ValueError(f"k={k} must satisfy 1 <= k <= d={d}")
+    dropped = sorted(set(int(j) for j in exclude or []))
+    if any(not 1 <= j <= d for j in dropped):
+        raise ValueError(f"exclude={dropped} must hold indices in 1..{d}")
+    k = d - len(dropped) if k is None else int(k)
+    if not 1 <= k <= d - len(dropped):
+        raise ValueError(f"k={k} must satisfy 1 <= k <= d - len(exclude) = {d - len(dropped)}")
     if not 0.0 <= shrinkage <= 1.0:
         raise ValueError(f"shrinkage must be in [0, 1], got {shrinkage}")
     if not eps > 0:
@@ -311,9 +368,12 @@ def fit_whitening(state: Moments, k: int | None = None, shrinkage: float = 0.0, 
     if shrinkage:
         cov = (1.0 - shrinkage) * cov + shrinkage * np.trace(cov) / d * np.eye(d)
     lam, vecs = descending_eigh(cov)                     # sign-canonical columns, like ABTT's
+    if dropped:
+        vecs = np.delete(vecs, [j - 1 for j in dropped], axis=1)
+    kept_lam = np.delete(lam, [j - 1 for j in dropped])
     floor = eps * lam[0]
-    kept = np.maximum(lam[:k], floor)
-    clamped = int((lam[:k] < floor).sum())
+    kept = np.maximum(kept_lam[:k], floor)
+    clamped = int((kept_lam[:k] < floor).sum())
     matrix = vecs[:, :k] / np.sqrt(kept)                  # (d, k) == U_k diag(λ^-1/2)
     if zca:
         matrix = matrix @ vecs[:, :k].T                  # (d, d)

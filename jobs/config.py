@@ -192,3 +192,46 @@ def _parse_cli_value(hint: Any, text: str | None) -> Any:
     if optional_text and text in ("null", "~"):
         return None
     return text if hint is str or optional_text else yaml.safe_load(text)
+
+
+@dataclasses.dataclass
+class EvaluationConfig:
+    """The optional ``evaluation:`` block of the diagnose and nightly configs (retrieval quality per candidate).
+
+    * ``queries``: Delta/Parquet table of (``query_id_col``, ``query_vector_col``, ``relevant_col`` — one id or
+      a list of ids); scored by recall@k and nDCG@k against the whole corpus table (integer ids).
+      ``exclude_self``: a query never retrieves the corpus row with its own id (queries taken from the corpus).
+    * ``pairs``: Delta/Parquet table of (``pair_cols`` = id_a, id_b, score); scored by Spearman ρ of the cosine
+      with the score.
+    * ``metric``: the metric that picks the best candidate (default ``ndcg@k`` with queries, else ``spearman``).
+    * ``max_quality_drop``: the gate refuses a candidate whose any metric is below raw by more than this.
+    """
+
+    queries: str | None = None
+    query_id_col: str = "query_id"
+    query_vector_col: str = "vector"
+    relevant_col: str = "relevant"
+    exclude_self: bool = False
+    pairs: str | None = None
+    pair_cols: list[str] = dataclasses.field(default_factory=lambda: ["id_a", "id_b", "score"])
+    k: int = 10
+    metric: str | None = None
+    max_quality_drop: float = 0.0
+
+    def selection_metric(self) -> str:
+        return self.metric or (f"ndcg@{self.k}" if self.queries else "spearman")
+
+    def check(self) -> list[str]:
+        problems = []
+        if not self.queries and not self.pairs:
+            problems.append("evaluation needs queries, pairs or both")
+        if self.k < 1:
+            problems.append(f"evaluation.k must be >= 1, got {self.k}")
+        if len(self.pair_cols) != 3:
+            problems.append(f"evaluation.pair_cols must name 3 columns (id_a, id_b, score), got {self.pair_cols}")
+        known = ([f"recall@{self.k}", f"ndcg@{self.k}"] if self.queries else []) + (["spearman"] if self.pairs else [])
+        if self.metric is not None and self.metric not in known:
+            problems.append(f"evaluation.metric {self.metric!r} is not measured; choose one of {known}")
+        if not self.max_quality_drop >= 0:
+            problems.append(f"evaluation.max_quality_drop must be >= 0, got {self.max_quality_drop}")
+        return problems

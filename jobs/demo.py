@@ -5,7 +5,9 @@
 
 1. loads ``data/demo_corpus.parquet`` (real all-MiniLM-L6-v2 sentence embeddings, one layer) into a
    Delta table, once;
-2. diagnoses it (the diagnosis job's report, printed);
+2. diagnoses it (the diagnosis job's report, printed) with a labelled retrieval evaluation: every sentence is a
+   query, its relevant documents are the other sentences of the same textbook chapter (:func:`chapter_queries`),
+   and each candidate correction is scored by recall@10 / nDCG@10 — the before/after table is printed;
 3. fits the configured correction and writes the corrected Delta table (the fit and apply jobs);
 4. diagnoses the corrected table and prints before/after side by side;
 5. runs the nightly rebuild twice on the same corpus version: the first publishes, the second is a no-op.
@@ -17,6 +19,7 @@ import sys
 from typing import Literal
 
 from pyspark.sql import SparkSession
+from pyspark.sql import Window
 from pyspark.sql import functions as F
 
 from anisotropy_core import storage
@@ -28,6 +31,7 @@ from jobs import diagnose as diagnose_job
 from jobs import fit as fit_job
 from jobs import nightly as nightly_job
 from jobs.config import load, parse_args
+from jobs.evaluation import evaluation_markdown
 from jobs.nightly_config import NightlyConfig
 
 COMPARED = ["n", "d", "offset_ratio", "anisotropy_A", "top1_var", "top10_var", "effective_rank",
@@ -42,6 +46,8 @@ class DemoConfig:
     layer: int = 3
     corpus_table: str = "out/demo/corpus"
     corrected_table: str = "out/demo/corrected"
+    queries_table: str = "out/demo/chapter_queries"
+    evaluation_k: int = 10
     diagnose_conf: str = "conf/diagnose.yaml"
     fit_conf: str = "conf/fit.yaml"
     apply_conf: str = "conf/apply.yaml"
@@ -60,6 +66,29 @@ def load_corpus(spark: SparkSession, config: DemoConfig) -> None:
     print(f"wrote {rows.count()} layer-{config.layer} sentence embeddings to {config.corpus_table}")
 
 
+CHAPTER_HEADING = r"^Chapter [0-9]+:"
+
+
+def chapter_queries(spark: SparkSession, config: DemoConfig) -> None:
+    """Write the labelled query set of the demo: one query per corpus sentence (query_id = its row id, its
+    own vector), relevant = the ids of every OTHER sentence of the same textbook chapter. The book's title
+    line, alone before chapter 1, has no other sentence of its chapter and is not a query.
+
+    The chapter of a sentence is the number of ``Chapter N:`` headings at or before it in reading order
+    (``sentence_id``); the title before chapter 1 is chapter 0. The label says which chapter a sentence was
+    printed in — a topical grouping by the author, not a judgement that two sentences answer each other.
+    """
+    corpus = spark.read.format("delta").load(config.corpus_table)
+    order = Window.orderBy("sentence_id").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    labelled = corpus.withColumn("chapter", F.sum(F.col("sentence").rlike(CHAPTER_HEADING).cast("int")).over(order))
+    members = labelled.groupBy("chapter").agg(F.collect_list("id").alias("members"))
+    queries = (labelled.join(members, "chapter")
+               .select(F.col("id").alias("query_id"), "vector", "chapter",
+                       F.filter("members", lambda m: m != F.col("id")).alias("relevant"))
+               .where(F.size("relevant") > 0))
+    queries.write.format("delta").mode("overwrite").save(config.queries_table)
+
+
 def side_by_side(before: dict, after: dict) -> str:
     """Markdown table of the compared metrics before and after the correction."""
     def shown(v):
@@ -74,9 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     spark = get_spark("anisotropy-demo", master=config.master)
     load_corpus(spark, config)
 
-    diagnosis = load(diagnose_job.DiagnoseConfig, config.diagnose_conf, {"input": config.corpus_table})
+    chapter_queries(spark, config)
+    diagnosis = load(diagnose_job.DiagnoseConfig, config.diagnose_conf, {
+        "input": config.corpus_table,
+        "evaluation": {"queries": config.queries_table, "exclude_self": True, "k": config.evaluation_k}})
     before = diagnose_job.run_diagnosis(spark, diagnosis)
     print(diagnose_job.write_outputs(spark, diagnosis, before))
+    print("\n## Retrieval before / after each candidate: same-chapter neighbours of every sentence "
+          f"(recall@{config.evaluation_k}, nDCG@{config.evaluation_k}; 'none' = raw vectors)\n\n"
+          + evaluation_markdown(before["evaluation"]))
 
     fit = load(fit_job.FitConfig, config.fit_conf, {"input": config.corpus_table, "method": config.method})
     manifest = fit_job.run_fit(spark, fit)
@@ -88,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     applied = apply_job.run_apply(spark, apply)
     print(f"apply: {applied['status']} → {config.corrected_table} (Delta version {applied['output_version']})")
 
-    corrected = dataclasses.replace(diagnosis, input=config.corrected_table,
+    corrected = dataclasses.replace(diagnosis, input=config.corrected_table, evaluation=None,
                                     output_dir=storage.join(diagnosis.output_dir, "corrected"))
     after = diagnose_job.run_diagnosis(spark, corrected)
     diagnose_job.write_outputs(spark, corrected, after, before=before)

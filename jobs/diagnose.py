@@ -25,16 +25,19 @@ import numpy as np
 from pyspark.sql import DataFrame, SparkSession
 
 from anisotropy_core import storage
+from anisotropy_core.decision import DecisionThresholds, recommend
 from anisotropy_core.diagnostics import Diagnosis, diagnose, plain_scalar
 from anisotropy_core.isotropy_measures import isoscore_from_spectrum, partition_ratio, sampling_noise, sign_structure_null
-from anisotropy_core.report import write_report_assets
-from anisotropy_spark.diagnostics import sample_rows, u1_artefact_test
+from anisotropy_core.report import CLUSTER_KEYS, cell_text, write_report_assets
+from anisotropy_spark.diagnostics import DEFAULT_DIRECTIONS, sample_rows, u1_artefact_test
 from anisotropy_spark.io import (InvalidRowsError, as_vector_array, infer_dimension, read_table, require_column,
                                  settle_invalid, valid_rows)
 from anisotropy_spark.moments import checked_moments
 from anisotropy_spark.kmeans import fit_kmeans, spark_cluster_diagnostics
+from anisotropy_spark.moments import corpus_moments
 from anisotropy_spark.session import get_spark
-from jobs.config import InputSettings, config_hash, parse_args
+from jobs.config import EvaluationConfig, InputSettings, config_hash, parse_args
+from jobs.evaluation import evaluation_markdown, run_evaluation
 from jobs.stage_log import timed_stage
 
 log = logging.getLogger("anisotropy.diagnose")
@@ -42,6 +45,10 @@ log = logging.getLogger("anisotropy.diagnose")
 # the diagnosis's scalars, then the measures this job adds from the sample and the null models
 EXTRA_METRICS = ("isoscore", "A_noise_z", "null_effective_rank", "A_sign_null", "partition_ratio")
 SCALAR_METRICS = Diagnosis.scalar_names() + EXTRA_METRICS
+# the diagnosis's arrays that report.json carries (the (d, d) principal directions stay out)
+REPORT_ARRAYS = ("power_law_range", "spectrum", "u1", "mean")
+
+INTEGER_METRICS = {"n", "d", "numerical_rank", "mp_above_upper"}
 
 METRIC_MEANINGS = {
     "n": "valid vectors diagnosed",
@@ -59,9 +66,12 @@ METRIC_MEANINGS = {
     "mp_lower": "Marchenko–Pastur lower edge for isotropic data of this n, d and total variance",
     "mp_upper": "Marchenko–Pastur upper edge for isotropic data of this n, d and total variance",
     "mp_above_upper": "eigenvalues above that edge: directions that are more than sampling noise",
-    "power_law_alpha": "slope α of the log-log spectrum, λ_k ∝ k^−α",
+    "power_law_alpha": "slope α of the log-log spectrum, λ_k ∝ k^−α, fitted over the eigenvalues above the "
+                       "Marchenko–Pastur edge only (power_law_range); empty when fewer than 3 are above it. "
+                       "α ≈ 1 is healthy (erank 20 % of d at d = 768), α ≳ 1.5 wastes the space",
+    "erank_alpha": "the α of a k^−α spectrum with this effective rank over d: a cross-check of the fitted slope",
     "isoscore": "IsoScore (Rudman et al. 2022): fraction of dimensions used uniformly, 0…1",
-    "A_noise_z": "A in standard errors of A for an isotropic sample of this n and d",
+    "A_noise_z": "A − A_sign_null in standard errors of A for an isotropic sample of this n and d",
     "null_effective_rank": "effective rank that isotropic noise of this n and d would report",
     "A_sign_null": "the zero A should be compared with: 0, q/2 (sparse non-negative) or 1/π (dense ReLU) (sample)",
     "partition_ratio": "min Z(c)/max Z(c) over principal directions (1 = isotropic) (sample)",
@@ -80,6 +90,9 @@ class DiagnoseConfig(InputSettings):
     cluster_distance_measure: Literal["euclidean", "cosine"] = "euclidean"
     cluster_fit_rows: int = 100_000
     seed: int = 0
+    artefact_directions: int = DEFAULT_DIRECTIONS
+    decision: DecisionThresholds = dataclasses.field(default_factory=DecisionThresholds)
+    evaluation: EvaluationConfig | None = None
     output_dir: str = "out/diagnose"
     metrics_table: str | None = "out/metrics"
     master: str | None = None
@@ -92,11 +105,14 @@ class DiagnoseConfig(InputSettings):
             problems.append(f"cluster_k must be ≥ 1, got {self.cluster_k}")
         if self.cluster_fit_rows < 1:
             problems.append(f"cluster_fit_rows must be ≥ 1, got {self.cluster_fit_rows}")
-        return problems
+        if self.artefact_directions < 1:
+            problems.append(f"artefact_directions must be ≥ 1, got {self.artefact_directions}")
+        return problems + [f"decision.{p}" for p in self.decision.check()]
 
 
 def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
-    """Read, validate, diagnose and run the artefact test; returns the full JSON-ready report.
+    """Read, validate, diagnose, run the per-direction artefact test, recommend a correction and (with an
+    ``evaluation`` block) score every candidate; returns the full JSON-ready report.
 
     Passes over the table: the moments pass (which also checks every row against the input contract), the
     quarantine extraction (only when invalid rows exist), the artefact test (only with metadata or label
@@ -123,7 +139,8 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
     report = diagnose(state)
     valid = valid_rows(vectors, vector_col, id_col, d, tally)
     with timed_stage(log, timings, "artefact") as info:
-        artefact = u1_artefact_test(valid, vector_col, report, config.metadata_cols, config.label_col)
+        artefact = u1_artefact_test(valid, vector_col, report, config.metadata_cols, config.label_col,
+                                    config.artefact_directions)
         info["rows"] = state.n if config.metadata_cols or config.label_col else 0
     with timed_stage(log, timings, "sample") as info:
         sample = sample_rows(valid, vector_col, d, config.metadata_cols, config.sample_size, total=state.n)
@@ -133,11 +150,18 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
         with timed_stage(log, timings, "clusters") as info:
             per_cluster = per_cluster_table(valid, config, d, report.n)
             info["rows"] = state.n
-    noise = sampling_noise(report)
     sign_null = sign_structure_null(sample[0])
+    noise = sampling_noise({**report, "A_sign_null": sign_null["null"]})   # A_z measured from the sign null
     extra = {"isoscore": isoscore_from_spectrum(report.spectrum), "A_noise_z": noise["A_z"],
              "null_effective_rank": noise["null_effective_rank"], "A_sign_null": sign_null["null"],
              "partition_ratio": partition_ratio(sample[0])["I"]}
+    recommendation = recommend({**report, **extra}, per_cluster, artefact, config.decision)
+    evaluation = None
+    if config.evaluation:
+        with timed_stage(log, timings, "evaluation") as info:
+            evaluation = run_evaluation(spark, valid, vector_col, id_col, d, state, recommendation,
+                                        config.evaluation, config.decision)
+    metrics = {**report.scalars(), **{k: plain_scalar(extra[k]) for k in EXTRA_METRICS}}
     return {
         "run_id": uuid.uuid4().hex,
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
@@ -145,16 +169,23 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
         "config_hash": config_hash(config),
         "invalid_rows": tally.total,
         "invalid_by_reason": tally.counts,
-        "metrics": {**report.scalars(), **{k: plain_scalar(extra[k]) for k in EXTRA_METRICS}},
+        "metrics": {k: defined(v) for k, v in metrics.items()},
         "stages": timings,
+        "recommendation": recommendation.to_dict(),
+        "evaluation": evaluation,
         "sampling_noise": noise,
         "sign_structure": sign_null,
         "sample_size": int(sample[0].shape[0]),
-        **{name: values for name, values in report.to_json().items() if name in Diagnosis.array_names()},
+        **{name: np.asarray(report[name]).tolist() for name in REPORT_ARRAYS},
         "artefact": artefact,
         "per_cluster": per_cluster,
         "_sample": sample,
     }
+
+
+def defined(value):
+    """A metric value for JSON and the metrics table: NaN (an undefined fit) becomes None, never NaN."""
+    return None if isinstance(value, float) and not np.isfinite(value) else value
 
 
 def per_cluster_table(valid: DataFrame, config: DiagnoseConfig, dimension: int, n: int) -> dict:
@@ -177,32 +208,62 @@ def markdown_summary(result: dict) -> str:
     lines = [f"# Anisotropy diagnosis of `{ref['path']}`" + (f" (Delta version {ref['version']})" if ref["version"] is not None else ""),
              "", f"run `{result['run_id']}` · {result['created_at']} · invalid rows: {result['invalid_rows']}"
              + (f" {result['invalid_by_reason']}" if result["invalid_rows"] else ""), "",
-             "| metric | value | meaning |", "|---|---|---|"]
+             verdict_markdown(result["recommendation"]), ""]
+    if result.get("evaluation"):
+        lines += [f"## Retrieval quality per candidate (best by {result['evaluation']['metric']})", "",
+                  evaluation_markdown(result["evaluation"]), ""]
+    lines += ["| metric | value | meaning |", "|---|---|---|"]
     for key in SCALAR_METRICS:
         value = m[key]
-        shown = f"{value:.6g}" if isinstance(value, float) else str(value)
+        shown = f"{value:.6g}" if isinstance(value, float) else ("–" if value is None else str(value))
         lines.append(f"| {key} | {shown} | {METRIC_MEANINGS.get(key, '')} |")
-    sigma = (m["anisotropy_A"] / m["isotropic_sd"]) if m["isotropic_sd"] else float("nan")
-    lines += ["", f"A is {sigma:.1f} isotropic standard deviations above 0."]
+    null = m["A_sign_null"] or 0.0
+    sigma = ((m["anisotropy_A"] - null) / m["isotropic_sd"]) if m["isotropic_sd"] else float("nan")
+    k_lo, k_hi = result["power_law_range"]
+    lines += ["", f"A is {sigma:.1f} isotropic standard deviations above its null {null:.4g}. "
+              f"α was fitted over eigenvalues k = {k_lo}…{k_hi} (those above the Marchenko–Pastur edge)."]
     artefact = result["artefact"]
     if artefact["abs_corr"] or artefact["label_means"]:
         lines += ["", "## Is u1 an artefact? (|corr| of the u1 projection)", ""]
         lines += [f"- {name}: {'undefined (constant column)' if c is None else f'{c:.4f}'}"
                   for name, c in artefact["abs_corr"].items()]
         lines += [f"- mean projection for label {label!r}: {v:+.4f}" for label, v in artefact["label_means"].items()]
+    if any(row["abs_corr"] or row["label_separation"] is not None for row in artefact.get("directions", [])):
+        lines += ["", directions_markdown(artefact["directions"])]
     if result["per_cluster"]:
         lines += ["", cluster_markdown(result["per_cluster"])]
     return "\n".join(lines) + "\n"
 
 
+def verdict_markdown(recommendation: dict) -> str:
+    """The recommendation as Markdown: method (with its directions / k), reasons, warnings."""
+    detail = ", ".join(f"{key} = {recommendation[key]}" for key in ("directions", "D", "k")
+                       if recommendation.get(key) is not None)
+    lines = [f"## Verdict: {recommendation['method']}" + (f" ({detail})" if detail else ""), ""]
+    lines += [f"- {reason}" for reason in recommendation["reasons"]]
+    lines += [f"- **warning:** {warning}" for warning in recommendation["warnings"]]
+    return "\n".join(lines)
+
+
+def directions_markdown(directions: list[dict]) -> str:
+    """The per-direction artefact test as a Markdown table (|corr| per metadata column, label separation)."""
+    columns = sorted({c for row in directions for c in row["abs_corr"]})
+    lines = ["## Per-direction artefact test (|corr| of each principal direction's projection)", "",
+             "| direction | eigenvalue | " + " | ".join(columns) + " | label separation (SDs) |",
+             "|---" * (len(columns) + 3) + "|"]
+    for row in directions:
+        cells = ["–" if row["abs_corr"].get(c) is None else f"{row['abs_corr'][c]:.3f}" for c in columns]
+        spread = "–" if row["label_separation"] is None else f"{row['label_separation']:.2f}"
+        lines.append(f"| u{row['index']} | {row['eigenvalue']:.4g} | " + " | ".join(cells) + f" | {spread} |")
+    return "\n".join(lines)
+
+
 def cluster_markdown(table: dict) -> str:
     """The per-cluster diagnosis as a Markdown table, with the "globally anisotropic, locally isotropic" verdict."""
-    def cell(value):
-        return "–" if value is None else (f"{value:.4g}" if isinstance(value, float) else str(value))
-    keys = ["size", "share", "anisotropy_A", "offset_ratio", "top1_var", "effective_rank", "induced_A_global_centring"]
+    keys = CLUSTER_KEYS
     lines = ["## Per cluster", "", "| cluster | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     rows = [("all", table["global"])] + [(str(r["cluster"]), r) for r in table["clusters"]]
-    lines += [f"| {name} | " + " | ".join(cell(row.get(k)) for k in keys) + " |" for name, row in rows]
+    lines += [f"| {name} | " + " | ".join(cell_text(row.get(k)) for k in keys) + " |" for name, row in rows]
     verdict = ("globally anisotropic, locally isotropic: every cluster has a lower top-1 share and a higher "
                "effective rank than the whole corpus" if table["locally_isotropic"]
                else "not locally isotropic: some cluster is as concentrated as the whole corpus")
@@ -214,11 +275,12 @@ def append_metrics_row(spark: SparkSession, table: str, result: dict) -> None:
     row = {"run_id": result["run_id"], "created_at": datetime.datetime.fromisoformat(result["created_at"]),
            "input_path": result["input"]["path"], "input_version": result["input"]["version"],
            "config_hash": result["config_hash"], "invalid_rows": result["invalid_rows"]}
-    row.update({k: float(v) if isinstance(v, float) else v for k, v in result["metrics"].items()})
+    row.update({k: v if v is None or k in INTEGER_METRICS else float(v) for k, v in result["metrics"].items()})
     schema = ("run_id string, created_at timestamp, input_path string, input_version long, config_hash string, "
               "invalid_rows long, " + ", ".join(
-                  f"{k} {'double' if isinstance(result['metrics'][k], float) else 'long'}" for k in SCALAR_METRICS))
-    spark.createDataFrame([row], schema).write.format("delta").mode("append").save(table)
+                  f"{k} {'long' if k in INTEGER_METRICS else 'double'}" for k in SCALAR_METRICS))
+    (spark.createDataFrame([row], schema).write.format("delta").mode("append")
+     .option("mergeSchema", "true").save(table))    # a metric added by a newer version becomes a new column
 
 
 def write_outputs(spark: SparkSession, config: DiagnoseConfig, result: dict, before: dict | None = None) -> str:
@@ -232,7 +294,10 @@ def write_outputs(spark: SparkSession, config: DiagnoseConfig, result: dict, bef
     write_report_assets(picture_report(result), config.output_dir, samples=vectors, metadata=metadata or None,
                         before=picture_report(before) if before else None,
                         before_samples=before["_sample"][0] if before else None,
-                        title=f"Anisotropy report: {result['input']['path']}")
+                        title=f"Anisotropy report: {result['input']['path']}",
+                        artefact_directions=result["artefact"].get("directions"), meanings=METRIC_MEANINGS,
+                        verdict=result["recommendation"], evaluation=result["evaluation"],
+                        clusters=result["per_cluster"])
     summary = markdown_summary(result)
     storage.write_atomic(storage.join(config.output_dir, "report.md"), summary)
     if config.metrics_table:
@@ -242,7 +307,8 @@ def write_outputs(spark: SparkSession, config: DiagnoseConfig, result: dict, bef
 
 def picture_report(result: dict) -> dict:
     """The flat report shape the pictures read: scalar metrics plus spectrum, u1 and mean as arrays."""
-    return {**result["metrics"], **{k: np.asarray(result[k]) for k in ("spectrum", "u1", "mean")}}
+    return {**result["metrics"], **{k: np.asarray(result[k]) for k in ("spectrum", "u1", "mean")},
+            "power_law_range": result["power_law_range"]}
 
 
 def main(argv: list[str] | None = None) -> int:

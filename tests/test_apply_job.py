@@ -61,7 +61,8 @@ def cli_args(**settings):
 def test_abtt_fit_apply_idempotent_and_diagnosed(spark, corpus, capsys):
     root, data = corpus
     manifest, artifact = fitted(spark, root, "abtt")
-    assert manifest["params"] == {"D": 1, "d_rule": "marchenko_pastur_capped"}
+    # issue 13: the MP count is uncapped by default and the removed set is recorded
+    assert manifest["params"] == {"D": 3, "d_rule": "marchenko_pastur", "directions": [1, 2, 3]}
     assert manifest["fitted_on"] == {"path": str(root / "corpus"), "format": "delta", "version": 0}
     config = ApplyConfig(input=str(root / "corpus"), artifact=artifact, output=str(root / "abtt-out"))
     first = run_apply(spark, config)
@@ -79,8 +80,9 @@ def test_abtt_fit_apply_idempotent_and_diagnosed(spark, corpus, capsys):
     floor = -1.0 / (N - 1)                                   # A of a centred cloud with equal norms
     assert before["anisotropy_A"] > 0.8
     assert floor <= after["anisotropy_A"] < floor + 1e-4
-    assert after["spectrum"][-1] < 1e-20 * before["spectrum"][0] + 1e-12   # one direction removed
-    assert np.allclose(after["spectrum"][:D - 1], before["spectrum"][1:], rtol=1e-9)
+    removed = manifest["params"]["D"]                                       # the top-3 directions removed
+    assert after["spectrum"][-1] < 1e-20 * before["spectrum"][0] + 1e-12
+    assert np.allclose(after["spectrum"][:D - removed], before["spectrum"][removed:], rtol=1e-9)
 
     again = run_apply(spark, config)                        # same input version + transform: skipped
     assert again["status"] == "skipped" and latest_commit(spark, config.output)[0] == 0

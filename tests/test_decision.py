@@ -53,13 +53,15 @@ def test_one_dominant_direction_gets_abtt_with_measured_D():
     rec = recommend(r)
     assert rec.method == "abtt" and rec.D == 1 == r["mp_above_upper"]
     assert rec.evidence["D_rule"] == "marchenko_pastur"
-    # three spikes above the MP edge are capped by the d/100 rule (max(1, round(16/100)) = 1) unless raised
+    # issue 13: the Marchenko–Pastur count is uncapped by default (three spikes → D = 3); max_D is an optional cap
     X = np.random.default_rng(4).normal(size=(N, D))
     X[:, :3] *= [3.0, 2.5, 2.2]
     r3 = diagnose(X)
     assert r3["mp_above_upper"] == 3
-    assert recommend(r3).D == 1 and recommend(r3).evidence["D_rule"] == "marchenko_pastur_capped"
-    assert recommend(r3, thresholds=DecisionThresholds(max_D=5)).D == 3
+    assert recommend(r3).D == 3 and recommend(r3).evidence["D_rule"] == "marchenko_pastur"
+    assert recommend(r3).directions == [1, 2, 3]
+    capped = recommend(r3, thresholds=DecisionThresholds(max_D=1))
+    assert capped.D == 1 and capped.evidence["D_rule"] == "marchenko_pastur_capped"
 
 
 def test_steep_spectrum_gets_whitening_k():
@@ -138,3 +140,70 @@ def test_small_sample_and_rank_collapse_warnings():
 def test_impossible_thresholds_are_reported_by_name(field, value):
     problems = DecisionThresholds(**{field: value}).check()
     assert len(problems) == 1 and field in problems[0]
+
+
+# --- issue 13: decisions on evidence -------------------------------------------------------------------
+
+
+def chapter9_like(seed=0):
+    """A k^−1.6 cloud with an offset: the seed's chapter-9 report shape (steep, top-1 share ≈ 0.4)."""
+    return cone(N, 64, offset=4.0, alpha=1.6, seed=seed)
+
+
+def test_artefact_u1_is_removed_by_abtt_never_whitening():
+    r = diagnose(chapter9_like())
+    assert r["power_law_alpha"] >= 1.5 and r["top1_var"] > 0.3
+    assert recommend(r).method == "whitening"                     # steep, no artefact evidence
+    rec = recommend(r, artefact={"abs_corr": {"token_count": 0.78}, "label_means": {}})
+    assert rec.method == "abtt" and rec.directions == [1] and rec.D == 1
+    assert rec.evidence["D_rule"] == "artefact"
+    assert any("u1 is an artefact" in reason for reason in rec.reasons)
+    assert any("ABTT of these directions then whitening-k" in reason for reason in rec.reasons)
+
+
+def test_artefact_on_pc3_removes_pc3_only():
+    X = np.random.default_rng(4).normal(size=(N, D))
+    X[:, :3] *= [3.0, 2.5, 2.2]
+    r = diagnose(X)
+    directions = [{"index": j, "eigenvalue": float(r["spectrum"][j - 1]), "label_separation": None,
+                   "abs_corr": {"word_frequency": corr}} for j, corr in ((1, 0.41), (2, 0.05), (3, 0.65))]
+    rec = recommend(r, artefact={"directions": directions})
+    assert rec.method == "abtt" and rec.directions == [3]
+    assert any("u3 is an artefact" in reason and "word_frequency" in reason for reason in rec.reasons)
+    below_edge = [{**row, "index": 9} for row in directions[2:]]      # not above the MP edge: not evidence
+    assert recommend(r, artefact={"directions": below_edge}).directions == [1, 2, 3]
+
+
+def test_reasons_describe_what_the_method_does():
+    r = diagnose(chapter9_like())
+    rec = recommend(r)
+    assert rec.method == "whitening"
+    assert all("remov" not in reason for reason in rec.reasons)
+    assert "rescales each to unit variance" in rec.reasons[0]
+
+
+def test_label_direction_is_kept_out_of_a_non_contiguous_set():
+    X = np.random.default_rng(4).normal(size=(N, D))
+    X[:, :3] *= [3.0, 2.5, 2.2]
+    r = diagnose(X)
+    directions = [{"index": 1, "abs_corr": {"len": 0.9}, "label_separation": 2.0},
+                  {"index": 3, "abs_corr": {"len": 0.9}, "label_separation": 0.1}]
+    rec = recommend(r, artefact={"directions": directions})
+    assert rec.method == "abtt" and rec.directions == [3]
+    assert any("artefact and signal at once" in w and "u1" in w for w in rec.warnings)
+
+
+def test_non_negative_data_measures_the_offset_from_the_sign_structure_null():
+    from anisotropy_core.isotropy_measures import sign_structure_null
+    X = np.maximum(np.random.default_rng(9).normal(size=(N, 256)), 0.0)   # dense ReLU: A ≈ 1/π
+    r = diagnose(X)
+    assert r["anisotropy_A"] == pytest.approx(1 / np.pi, abs=0.03)
+    assert recommend(r).method == "center"                               # measured from 0: a false offset
+    null = sign_structure_null(X)
+    assert null["regime"] == "dense"
+    rec = recommend({**r, "A_sign_null": null["null"]})
+    assert rec.method == "none" and rec.evidence["A_null"] == pytest.approx(1 / np.pi)
+
+
+def test_default_steep_alpha_follows_the_textbook():
+    assert DecisionThresholds().steep_alpha == 1.5

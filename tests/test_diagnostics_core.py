@@ -168,4 +168,40 @@ def test_n_smaller_than_d_is_finite():
     rng = np.random.default_rng(5)
     r = diagnose(rng.normal(size=(10, 50)))
     assert r["numerical_rank"] == 9
-    assert all(np.isfinite(r[k]) for k in ["anisotropy_A", "effective_rank", "top1_var", "mp_upper", "power_law_alpha"])
+    assert all(np.isfinite(r[k]) for k in ["anisotropy_A", "effective_rank", "top1_var", "mp_upper", "erank_alpha"])
+    # issue 13: α is fitted over the eigenvalues above the MP edge only; pure noise has none, so α is undefined
+    assert r["power_law_range"][1] < 3 and np.isnan(r["power_law_alpha"])
+
+
+# --- issue 13: a spectrum slope that real spectra cannot fool --------------------------------------------
+
+from anisotropy_core.diagnostics import alpha_from_effective_rank, power_law_effective_rank  # noqa: E402
+from anisotropy_core.synthetic import power_law as power_law_cloud  # noqa: E402
+
+
+@pytest.mark.parametrize("alpha,erank", [(1.0, 152.0), (2.0, 5.08), (1.6, 12.86)])
+def test_textbook_effective_rank_of_768_power_law(alpha, erank):
+    """Seed chapter 1: over 768 eigenvalues α = 1 → ≈ 152, α = 2 → ≈ 5.1, α = 1.6 → ≈ 12.9."""
+    assert power_law_effective_rank(alpha, 768) == pytest.approx(erank, abs=0.05)
+    assert alpha_from_effective_rank(power_law_effective_rank(alpha, 768), 768) == pytest.approx(alpha, abs=1e-9)
+
+
+@pytest.mark.parametrize("n,d", [(1300, 384), (1536, 768)])
+@pytest.mark.parametrize("alpha", [0.5, 0.8, 1.6])
+def test_power_law_alpha_of_gaussian_clouds_is_within_008(n, d, alpha):
+    r = diagnose(power_law_cloud(n, d, alpha, seed=0))
+    assert abs(r["power_law_alpha"] - alpha) < 0.08
+    k_lo, k_hi = r["power_law_range"]
+    assert k_lo == 1 and k_hi == r["mp_above_upper"] >= 3
+    assert np.isfinite(r["erank_alpha"])
+
+
+def test_healthy_and_spiked_spectra_are_not_steep():
+    from anisotropy_core.decision import DecisionThresholds, recommend
+    steep = DecisionThresholds().steep_alpha
+    assert diagnose(power_law_cloud(1300, 384, 0.8, seed=1))["power_law_alpha"] < steep
+    spike = np.random.default_rng(2).normal(size=(2000, 64))
+    spike[:, 0] *= 6.0                                       # one spike over a flat bulk
+    r = diagnose(spike)
+    assert r["mp_above_upper"] == 1 and not r["power_law_alpha"] >= steep
+    assert recommend(r).method == "abtt"

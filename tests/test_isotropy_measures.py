@@ -160,3 +160,15 @@ def test_sampling_noise_flags_a_cone_but_not_noise():
     big = sampling_noise({"n": 10_000_000, "d": 768, "anisotropy_A": 0.0, "effective_rank": 700.0})
     assert big["null_effective_rank_method"] == "marchenko-pastur"
     assert big["null_effective_rank"] == pytest.approx(768 * np.exp(-768 / 10_000_000 / 2), rel=1e-3)
+
+
+def test_sampling_noise_z_is_measured_from_the_sign_structure_null():
+    """Issue 13: dense ReLU data has A ≈ 1/π by its sign structure alone; A_z must measure from that zero."""
+    X = np.maximum(np.random.default_rng(3).normal(size=(2000, 128)), 0.0)
+    report = diagnose(X)
+    from_zero = sampling_noise(report)["A_z"]
+    null = sign_structure_null(X)["null"]
+    from_null = sampling_noise({**report, "A_sign_null": null})["A_z"]
+    assert from_zero > 1000
+    assert from_null == pytest.approx((report["anisotropy_A"] - null) / isotropic_anisotropy_se(2000, 128))
+    assert abs(from_null) < abs(from_zero) / 10

@@ -10,7 +10,7 @@ from anisotropy_core.artifact import ArtifactError, load_artifact, save_artifact
 from anisotropy_core.diagnostics import diagnose
 from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import (AllButTheTop, NonFiniteOutputError, TransformInputError, choose_d,
-                                        fit, fit_abtt, fit_center, fit_whitening)
+                                        choose_directions, fit, fit_abtt, fit_center, fit_whitening, from_parts)
 
 # chapter 3: raw vectors = centred vectors + mean (3, 0, 0)
 WORDS = np.array([[4.6, 1.0, 0.5],    # cat
@@ -108,7 +108,7 @@ def test_choose_d_rules():
     assert above > 1
     assert choose_d(lam, 2000, 50, max_D=above + 5) == (above, "marchenko_pastur")
     assert choose_d(lam, 2000, 50, max_D=1) == (1, "marchenko_pastur_capped")
-    assert choose_d(lam, 2000, 50) == (1, "marchenko_pastur_capped")          # cap = round(50/100) → 1
+    assert choose_d(lam, 2000, 50) == (above, "marchenko_pastur")            # issue 13: uncapped by default
     assert choose_d(lam, 2000, 50, D=4) == (4, "explicit")
     assert choose_d(lam[:40], 30, 400) == (4, "rule_of_thumb_d/100")         # n ≤ d
     iso = synthetic.power_law(5000, 20, alpha=0.0, seed=4)
@@ -116,7 +116,8 @@ def test_choose_d_rules():
     with pytest.raises(ValueError, match="D=50"):
         choose_d(lam, 2000, 50, D=50)
     model = fit_abtt(state(x), max_D=3)
-    assert model.params() == {"D": min(above, 3), "d_rule": model.d_rule}
+    assert model.params() == {"D": min(above, 3), "d_rule": model.d_rule,
+                              "directions": list(range(1, min(above, 3) + 1))}   # issue 13: the set is recorded
 
 
 # ------------------------------------------------------------------------ chapter 6: five sentences
@@ -245,3 +246,54 @@ def test_artifact_refuses_pickled_arrays(tmp_path):
     np.savez(tmp_path / "arrays.npz", mean=np.array([object()], dtype=object))
     with pytest.raises(ValueError, match="pickle"):
         load_artifact(str(tmp_path))
+
+
+# --- issue 13: ABTT of any set of principal directions, chosen by an explicit rule -----------------------
+
+
+def test_abtt_of_pc1_and_pc3_keeps_the_no_reindex_identity():
+    x = synthetic.cone(400, 16, offset=5.0, alpha=1.0, seed=2)
+    docs, queries = x[:300], x[300:] + 0.3
+    abtt = fit_abtt(state(docs), directions=[3, 1])
+    lam, vecs = np.linalg.eigh(state(docs).covariance())
+    assert abtt.directions == [1, 3] and abtt.d_rule == "explicit"
+    assert np.allclose(np.abs(abtt.components @ vecs[:, ::-1][:, [0, 2]]), np.eye(2), atol=1e-8)
+    exact = abtt.apply(docs) @ abtt.apply(queries).T
+    q_prime, offset = abtt.query_side(queries)
+    assert np.allclose(docs @ q_prime.T - offset, exact, atol=1e-10)
+    # PC2 survives untouched, PC1 and PC3 are gone
+    out = abtt.apply(docs)
+    assert np.allclose(out @ abtt.components.T, 0.0, atol=1e-10)
+    assert np.var(out @ vecs[:, ::-1][:, 1]) == pytest.approx(lam[::-1][1], rel=1e-8)
+    again = from_parts("abtt", abtt.params(), abtt.arrays())
+    assert again.directions == [1, 3] and np.allclose(again.apply(queries), abtt.apply(queries))
+
+
+def test_direction_rules():
+    x = synthetic.cone(2000, 50, offset=3.0, alpha=1.5, seed=3)
+    r = diagnose(x)
+    lam, above = r["spectrum"], r["mp_above_upper"]
+    assert choose_directions(lam, 2000, 50, "explicit", indices=[1, 3]) == ([1, 3], "explicit")
+    assert choose_directions(lam, 2000, 50, "marchenko_pastur") == (list(range(1, above + 1)), "marchenko_pastur")
+    assert choose_directions(lam, 2000, 50, "marchenko_pastur", max_D=2) == ([1, 2], "marchenko_pastur_capped")
+    assert choose_directions(lam, 2000, 50, "rule_of_thumb") == ([1], "rule_of_thumb_d/100")
+    rows = [{"index": 1, "abs_corr": {"len": 0.2}}, {"index": 3, "abs_corr": {"len": -0.0, "freq": 0.7}},
+            {"index": 49, "abs_corr": {"freq": 0.9}}]                 # 49 is below the MP edge: never evidence
+    assert choose_directions(lam, 2000, 50, "artefact", artefact_directions=rows) == ([3], "artefact")
+    assert choose_directions(lam, 2000, 50, "artefact", artefact_directions=rows, artefact_corr=0.1)[0] == [1, 3]
+    with pytest.raises(ValueError, match="1..50"):
+        choose_directions(lam, 2000, 50, "explicit", indices=[0, 3])
+    with pytest.raises(ValueError, match="unknown direction rule"):
+        choose_directions(lam, 2000, 50, "largest")
+
+
+def test_whitening_after_abtt_drops_the_removed_directions():
+    x = synthetic.cone(2000, 12, offset=3.0, alpha=1.2, seed=6)
+    s = state(x)
+    both = fit_whitening(s, k=5, exclude=[1, 3])
+    abtt = fit_abtt(s, directions=[1, 3])
+    direct = fit_whitening(Moments.of_batch(abtt.apply(x)), k=5)     # ABTT, then whiten what is left
+    assert np.allclose(np.abs(both.apply(x).T @ direct.apply(x)) / x.shape[0], np.eye(5), atol=1e-6)
+    assert np.allclose(np.cov(both.apply(x), rowvar=False, bias=True), np.eye(5), atol=1e-8)
+    with pytest.raises(ValueError, match="k=11"):
+        fit_whitening(s, k=11, exclude=[1, 3])
