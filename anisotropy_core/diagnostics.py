@@ -77,10 +77,37 @@ def centred_spectrum(state: Moments) -> tuple[np.ndarray, np.ndarray]:
 
     Columns of the eigenvector matrix are sign-canonicalised with :func:`canonical_sign`.
     """
-    lam, vecs = np.linalg.eigh(state.covariance())
+    return covariance_spectrum(state.covariance())
+
+
+def covariance_spectrum(covariance: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(eigenvalues (k,), sign-canonical eigenvectors (k, k) as columns) of a (k, k) covariance, descending."""
+    lam, vecs = np.linalg.eigh(covariance)
     lam, vecs = lam[::-1], vecs[:, ::-1]
-    vecs = np.stack([canonical_sign(vecs[:, j]) for j in range(vecs.shape[1])], axis=1)
-    return np.clip(lam, 0.0, None), vecs
+    return np.clip(lam, 0.0, None), _canonical_columns(vecs)
+
+
+def dual_spectrum(centred: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Nonzero spectrum of the covariance XᵀX/n of centred rows X (n, d) by the n × n Gram route (seed ch. 6).
+
+    X = P S Qᵀ ⇒ XXᵀ = P S² Pᵀ and XᵀX = Q S² Qᵀ: the Gram matrix G = XXᵀ/n (n, n) has the same nonzero
+    eigenvalues λ = S²/n, and the principal directions are recovered as Q = XᵀP / S = XᵀP / √(nλ), without
+    ever forming the d × d covariance — O(n²d + n³) instead of O(nd² + d³), the route to take when n < d.
+    Returns (λ (r,), Q (d, r)) descending, r = eigenvalues above ``RANK_TOLERANCE``·λ₁ (≤ n − 1 when centred),
+    columns sign-canonicalised like :func:`centred_spectrum`.
+    """
+    x = np.asarray(centred, dtype=np.float64)
+    n = x.shape[0]
+    lam, left = np.linalg.eigh(x @ x.T / n)
+    lam, left = lam[::-1], left[:, ::-1]
+    rank = int((lam > RANK_TOLERANCE * lam[0]).sum()) if lam[0] > 0 else 0
+    lam, left = lam[:rank], left[:, :rank]
+    return lam, _canonical_columns(x.T @ left / np.sqrt(n * lam))
+
+
+def _canonical_columns(vecs: np.ndarray) -> np.ndarray:
+    return np.stack([canonical_sign(vecs[:, j]) for j in range(vecs.shape[1])], axis=1) if vecs.shape[1] \
+        else vecs
 
 
 def diagnose(data: Moments | np.ndarray) -> dict:
