@@ -1,8 +1,10 @@
 """pyspark.ml Estimators for the corrections of :mod:`anisotropy_core.transforms`, and one generic Model.
 
-* :class:`CenterEstimator`, :class:`AllButTheTopEstimator`, :class:`WhiteningEstimator` — ``fit(df)`` is
-  one pass (:func:`~anisotropy_spark.moments.corpus_moments`, Arrow batches + treeReduce) plus a driver
-  ``eigh``; it returns a :class:`CorrectionModel`.
+* :class:`CenterEstimator`, :class:`AllButTheTopEstimator`, :class:`WhiteningEstimator`,
+  :class:`AbttPcaAbttEstimator` — ``fit(df)`` is one pass (:func:`~anisotropy_spark.moments.corpus_moments`,
+  Arrow batches + treeReduce) plus a driver ``eigh`` (the n × n Gram route when n < d); it returns a
+  :class:`CorrectionModel`.
+* :class:`FlowEstimator` — trains BERT-flow on a uniform driver-side sample; also a :class:`CorrectionModel`.
 * :class:`CorrectionModel` — wraps any fitted :class:`~anisotropy_core.transforms.FittedTransform`;
   ``transform(df)`` maps Arrow batches through numpy with ``mapInArrow`` (no per-row Python) and writes
   ``outputCol`` as ``array<double>`` (d_out long), keeping every other column. ``save(path)`` writes the
@@ -37,10 +39,12 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DoubleType, StructField, StructType
 
 from anisotropy_core.artifact import Artifact, ArtifactError, build_manifest, load_artifact, save_artifact
-from anisotropy_core.moments import Moments
-from anisotropy_core.transforms import DEFAULT_EPS, FittedTransform, fit_abtt, fit_center, fit_whitening
+from anisotropy_core.flow import fit_flow
+from anisotropy_core.transforms import (DEFAULT_EPS, FitData, FittedTransform, fit_abtt, fit_abtt_pca_abtt,
+                                        fit_center, fit_whitening)
 
 from .arrow import batch_matrix, matrix_column
+from .diagnostics import sample_rows
 from .io import TableRef, as_double_array, infer_dimension
 from .moments import corpus_moments
 
@@ -71,11 +75,19 @@ class CorrectionEstimator(Estimator, _CorrectionParams, DefaultParamsReadable, D
         return self._copyValues(model)
 
     def _fit_transform(self, vectors: DataFrame, col: str, d: int) -> tuple[FittedTransform, int]:
-        """Fit on ``vectors`` (column ``col`` array<double> of length d) → (transform, vectors used)."""
+        """Fit on ``vectors`` (column ``col`` array<double> of length d) → (transform, vectors used).
+
+        One moments pass; when it finds n < d the n rows (fewer than d, so bounded) are collected and the fit
+        takes the Gram/dual route (seed ch. 6) instead of the rank-deficient d × d covariance.
+        """
         state = corpus_moments(vectors, col, d)
+        if state.n < d:
+            rows, _ = sample_rows(vectors, col, d, [], state.n)
+            return self._fit_moments(rows), state.n
         return self._fit_moments(state), state.n
 
-    def _fit_moments(self, state: Moments) -> FittedTransform:
+    def _fit_moments(self, state: FitData) -> FittedTransform:
+        """The fitted transform of a merged moments ``state``, or of the rows (n, d) when n < d."""
         raise NotImplementedError
 
 
@@ -136,6 +148,62 @@ class WhiteningEstimator(CorrectionEstimator):
         get = self.getOrDefault
         return fit_whitening(state, k=get(self.k), shrinkage=get(self.shrinkage), eps=get(self.eps),
                              zca=get(self.zca), normalize=get(self.normalize))
+
+
+class AbttPcaAbttEstimator(CorrectionEstimator):
+    """ABTT (D) → PCA-k → ABTT refitted on the reduced output (D2) (seed ch. 3, "Does it compose?").
+
+    ``D``/``D2`` default to the measured count (as :class:`AllButTheTopEstimator`), ``k`` to ⌈d/3⌉; one pass.
+    """
+
+    D = Param(Params._dummy(), "D", "directions removed first; None = measured", typeConverter=TypeConverters.toInt)
+    k = Param(Params._dummy(), "k", "PCA dimension kept; None = ceil(d/3)", typeConverter=TypeConverters.toInt)
+    D2 = Param(Params._dummy(), "D2", "directions removed after the PCA; None = measured",
+               typeConverter=TypeConverters.toInt)
+    maxD = Param(Params._dummy(), "maxD", "cap on the measured D and D2; None = max(1, round(dim/100))",
+                 typeConverter=TypeConverters.toInt)
+
+    @keyword_only
+    def __init__(self, *, inputCol: str | None = None, outputCol: str | None = None, D: int | None = None,
+                 k: int | None = None, D2: int | None = None, maxD: int | None = None):
+        super().__init__()
+        self._setDefault(D=None, k=None, D2=None, maxD=None)
+        self._set(**self._input_kwargs)
+
+    def _fit_moments(self, state):
+        get = self.getOrDefault
+        return fit_abtt_pca_abtt(state, D=get(self.D), k=get(self.k), D2=get(self.D2), max_D=get(self.maxD))
+
+
+class FlowEstimator(CorrectionEstimator):
+    """BERT-flow (seed ch. 5): a Glow-style flow (:mod:`anisotropy_core.flow`) trained by maximum likelihood
+    on a uniform sample of ``sampleSize`` rows collected on the driver, for ``steps`` Adam steps."""
+
+    sampleSize = Param(Params._dummy(), "sampleSize", "rows sampled to the driver for training",
+                       typeConverter=TypeConverters.toInt)
+    steps = Param(Params._dummy(), "steps", "Adam steps", typeConverter=TypeConverters.toInt)
+    couplings = Param(Params._dummy(), "couplings", "additive coupling layers", typeConverter=TypeConverters.toInt)
+    hidden = Param(Params._dummy(), "hidden", "hidden width of each coupling's MLP", typeConverter=TypeConverters.toInt)
+    batchSize = Param(Params._dummy(), "batchSize", "mini-batch size", typeConverter=TypeConverters.toInt)
+    learningRate = Param(Params._dummy(), "learningRate", "Adam step size", typeConverter=TypeConverters.toFloat)
+    seed = Param(Params._dummy(), "seed", "sample, initialisation and mini-batch seed",
+                 typeConverter=TypeConverters.toInt)
+
+    @keyword_only
+    def __init__(self, *, inputCol: str | None = None, outputCol: str | None = None, sampleSize: int = 5000,
+                 steps: int = 300, couplings: int = 4, hidden: int = 32, batchSize: int = 256,
+                 learningRate: float = 1e-2, seed: int = 0):
+        super().__init__()
+        self._setDefault(sampleSize=5000, steps=300, couplings=4, hidden=32, batchSize=256, learningRate=1e-2,
+                         seed=0)
+        self._set(**self._input_kwargs)
+
+    def _fit_transform(self, vectors, col, d):
+        get = self.getOrDefault
+        sample, _ = sample_rows(vectors, col, d, [], get(self.sampleSize), get(self.seed))
+        transform = fit_flow(sample, couplings=get(self.couplings), hidden=get(self.hidden), steps=get(self.steps),
+                             batch_size=get(self.batchSize), learning_rate=get(self.learningRate), seed=get(self.seed))
+        return transform, int(sample.shape[0])
 
 
 class CorrectionModel(Model, _CorrectionParams, MLReadable, MLWritable):

@@ -23,9 +23,10 @@ import numpy as np
 from pyspark.sql import DataFrame, SparkSession
 
 from anisotropy_core.diagnostics import plain_scalar
-from anisotropy_core.isotropy_measures import isoscore_from_spectrum, partition_ratio, sampling_noise, sign_structure_null
+from anisotropy_core.isotropy_measures import (isoscore_from_spectrum, partition_ratio, sampling_noise,
+                                               sign_structure_null, uniformity)
 from anisotropy_core.report import write_report_assets
-from anisotropy_spark.diagnostics import diagnose_dataframe, sample_rows, u1_artefact_test
+from anisotropy_spark.diagnostics import diagnose_dataframe, pair_alignment, sample_rows, u1_artefact_test
 from anisotropy_spark.io import as_double_array, read_table, validate
 from anisotropy_spark.kmeans import fit_kmeans, spark_cluster_diagnostics
 from anisotropy_spark.session import get_spark
@@ -34,7 +35,7 @@ from jobs.config import config_hash, parse_args, quarantine_problems
 SCALAR_METRICS = ["n", "d", "offset_ratio", "anisotropy_A", "isotropic_sd", "top1_var", "top10_var",
                   "effective_rank", "erank_frac", "mean_norm_ratio", "raw_top1_share", "numerical_rank",
                   "mp_lower", "mp_upper", "mp_above_upper", "power_law_alpha", "isoscore", "A_noise_z",
-                  "null_effective_rank", "A_sign_null", "partition_ratio"]
+                  "null_effective_rank", "A_sign_null", "partition_ratio", "uniformity"]
 
 METRIC_MEANINGS = {
     "n": "valid vectors diagnosed",
@@ -58,6 +59,8 @@ METRIC_MEANINGS = {
     "null_effective_rank": "effective rank that isotropic noise of this n and d would report",
     "A_sign_null": "the zero A should be compared with: 0, q/2 (sparse non-negative) or 1/π (dense ReLU) (sample)",
     "partition_ratio": "min Z(c)/max Z(c) over principal directions (1 = isotropic) (sample)",
+    "uniformity": "log E exp(−2‖x̂−ŷ‖²) over the sample's pairs (Wang & Isola): −4 spread out … 0 one direction; "
+                  "≈ −4(1 − A) when cosines are tight (sample)",
 }
 
 
@@ -72,6 +75,7 @@ class DiagnoseConfig:
     input_version: int | None = None
     metadata_cols: list[str] = dataclasses.field(default_factory=list)
     label_col: str | None = None
+    pairs: str | None = None
     on_invalid: Literal["error", "quarantine"] = "error"
     quarantine_path: str | None = None
     sample_size: int = 2000
@@ -113,13 +117,15 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
                              config.sample_size)
         per_cluster = per_cluster_table(checked.valid, config, checked.dimension, report["n"]) \
             if config.clusters else None
+        aligned = pair_alignment(checked.valid, config.vector_col, config.id_col,
+                                 read_table(spark, config.pairs)[0]) if config.pairs else None
     finally:
         checked.release()
     noise = sampling_noise(report)
     sign_null = sign_structure_null(sample[0])
     report.update(isoscore=isoscore_from_spectrum(report["spectrum"]), A_noise_z=noise["A_z"],
                   null_effective_rank=noise["null_effective_rank"], A_sign_null=sign_null["null"],
-                  partition_ratio=partition_ratio(sample[0])["I"])
+                  partition_ratio=partition_ratio(sample[0])["I"], uniformity=uniformity(sample[0])["uniformity"])
     return {
         "run_id": uuid.uuid4().hex,
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
@@ -136,6 +142,7 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
         "mean": report["mean"].tolist(),
         "artefact": artefact,
         "per_cluster": per_cluster,
+        "alignment": aligned,
         "_sample": sample,
     }
 
@@ -165,7 +172,14 @@ def markdown_summary(result: dict) -> str:
         shown = f"{value:.6g}" if isinstance(value, float) else str(value)
         lines.append(f"| {key} | {shown} | {METRIC_MEANINGS.get(key, '')} |")
     sigma = (m["anisotropy_A"] / m["isotropic_sd"]) if m["isotropic_sd"] else float("nan")
-    lines += ["", f"A is {sigma:.1f} isotropic standard deviations above 0."]
+    lines += ["", f"A is {sigma:.1f} isotropic standard deviations above 0.",
+              f"Sampled measures (sign null, partition ratio, uniformity) use {result['sample_size']} random vectors."]
+    aligned = result.get("alignment")
+    if aligned:
+        value = "undefined (no pair matched)" if aligned["alignment"] is None else f"{aligned['alignment']:.6g}"
+        lines += [f"Alignment E‖x̂−ŷ‖² over {aligned['pairs']} positive pairs: {value}"
+                  + (f" ({aligned['unmatched_pairs']} pairs name an id not among the valid rows)"
+                     if aligned["unmatched_pairs"] else "")]
     artefact = result["artefact"]
     if artefact["abs_corr"] or artefact["label_means"]:
         lines += ["", "## Is u1 an artefact? (|corr| of the u1 projection)", ""]
