@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 import pytest
-from test_apply_job import cli_args, write_table
+from test_apply_job import cli_args, cone_corpus
 
 from anisotropy_core import synthetic
 from anisotropy_core.artifact import load_artifact
@@ -21,10 +21,7 @@ N, D = 500, 8
 
 @pytest.fixture(scope="module")
 def corpus(spark, tmp_path_factory):
-    root = tmp_path_factory.mktemp("flowjobs")
-    data = synthetic.cone(N, D, offset=4.0, alpha=1.0, seed=5)
-    write_table(spark, str(root / "corpus"), data)
-    return root, data
+    return cone_corpus(spark, tmp_path_factory.mktemp("flowjobs"), N, D, seed=5)
 
 
 def fit_and_apply(spark, root, capsys, method, **settings):
