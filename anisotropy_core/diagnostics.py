@@ -114,13 +114,45 @@ def descending_eigh(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     columns), descending, every column sign-canonicalised with :func:`canonical_sign`."""
     lam, vecs = np.linalg.eigh(matrix)
     lam, vecs = lam[::-1].copy(), vecs[:, ::-1]
-    return lam, np.stack([canonical_sign(vecs[:, j]) for j in range(vecs.shape[1])], axis=1)
+    return lam, canonical_columns(vecs)
+
+
+def canonical_columns(vecs: np.ndarray) -> np.ndarray:
+    """(d, r) ``vecs`` with every column sign-canonicalised (:func:`canonical_sign`); r may be 0."""
+    return np.stack([canonical_sign(vecs[:, j]) for j in range(vecs.shape[1])], axis=1) if vecs.shape[1] \
+        else vecs
+
 
 
 def centred_spectrum(state: Moments) -> tuple[np.ndarray, np.ndarray]:
-    """Eigen-decomposition of the centred covariance (:func:`descending_eigh`), eigenvalues clipped at 0."""
-    lam, vecs = descending_eigh(state.covariance())
+    """Eigen-decomposition of the centred covariance: (eigenvalues (d,), eigenvectors (d, d)) descending,
+    columns sign-canonical (:func:`covariance_spectrum`)."""
+    return covariance_spectrum(state.covariance())
+
+
+def covariance_spectrum(covariance: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(eigenvalues (k,) clipped at 0, sign-canonical eigenvectors (k, k) as columns) of a (k, k) covariance,
+    descending (:func:`descending_eigh`)."""
+    lam, vecs = descending_eigh(covariance)
     return np.clip(lam, 0.0, None), vecs
+
+
+def dual_spectrum(centred: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Nonzero spectrum of the covariance XᵀX/n of centred rows X (n, d) by the n × n Gram route (seed ch. 6).
+
+    X = P S Qᵀ ⇒ XXᵀ = P S² Pᵀ and XᵀX = Q S² Qᵀ: the Gram matrix G = XXᵀ/n (n, n) has the same nonzero
+    eigenvalues λ = S²/n, and the principal directions are recovered as Q = XᵀP / S = XᵀP / √(nλ), without
+    ever forming the d × d covariance — O(n²d + n³) instead of O(nd² + d³), the route to take when n < d.
+    Returns (λ (r,), Q (d, r)) descending, r = eigenvalues above ``RANK_TOLERANCE``·λ₁ (≤ n − 1 when centred),
+    columns sign-canonicalised like :func:`centred_spectrum`.
+    """
+    x = np.asarray(centred, dtype=np.float64)
+    n = x.shape[0]
+    lam, left = np.linalg.eigh(x @ x.T / n)
+    lam, left = lam[::-1], left[:, ::-1]
+    rank = int((lam > RANK_TOLERANCE * lam[0]).sum()) if lam[0] > 0 else 0
+    lam, left = lam[:rank], left[:, :rank]
+    return lam, canonical_columns(x.T @ left / np.sqrt(n * lam))
 
 
 def _array() -> Any:

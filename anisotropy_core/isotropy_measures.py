@@ -12,6 +12,8 @@
   :func:`sampling_noise` — how large A and the effective rank are for pure isotropic noise of this n and d,
   so a report can say whether a finding exceeds sampling noise (seed: erank 711 at n = 5000, 633 at
   n = 2000 for d = 768).
+* :func:`uniformity`, :func:`alignment` — Wang & Isola (2020), seed chapter 7: uniformity of a sample of
+  unit vectors (≈ −4(1 − A) when the cosines are tight around A) and alignment of positive pairs.
 """
 from __future__ import annotations
 
@@ -178,3 +180,56 @@ def sampling_noise(report: Mapping, simulate_max_cells: int = 20_000_000, seed: 
     return {"A_isotropic_se": se, "A_z": a_z, "A_exceeds_noise": bool(abs(a_z) > 3.0),
             "null_effective_rank": null_erank, "null_effective_rank_method": method,
             "erank_deficit": float(1.0 - report["effective_rank"] / null_erank)}
+
+
+def uniformity(vectors: np.ndarray, t: float = 2.0) -> dict:
+    """Wang & Isola's uniformity log E exp(−t‖x̂ − ŷ‖²) over all distinct pairs of a sample (seed ch. 7).
+
+    ``vectors``: (m, d) sample, unit-normalised here. Lower is more uniform: −2t (= −4 at t = 2) is the floor
+    of antipodal spread, 0 the ceiling (every vector the same direction). Evaluated exactly over the
+    m(m − 1)/2 pairs from the (m, m) cosine matrix (‖x̂ − ŷ‖² = 2 − 2cos). Returns ``{"uniformity", "t",
+    "sample_size"}`` — the sample size belongs next to the number wherever it is reported.
+    """
+    unit = _unit_rows(vectors)
+    m = unit.shape[0]
+    if m < 2:
+        raise ValueError(f"uniformity needs at least 2 vectors, got {m}")
+    upper = np.triu_indices(m, k=1)
+    exponents = -t * (2.0 - 2.0 * (unit @ unit.T)[upper])
+    top = exponents.max()
+    value = float(top + np.log(np.exp(exponents - top).mean()))
+    return {"uniformity": value, "t": float(t), "sample_size": int(m)}
+
+
+def uniformity_tight_cone(anisotropy: float, t: float = 2.0) -> float:
+    """Uniformity when every pairwise cosine equals A: −2t(1 − A) (= −4(1 − A) at t = 2, seed ch. 7).
+
+    By Jensen (log E e^X ≥ E X) it is also a lower bound on the uniformity of any set with average cosine A.
+    """
+    return -2.0 * t * (1.0 - anisotropy)
+
+
+def uniformity_isotropic(d: int, t: float = 2.0) -> float:
+    """Uniformity of isotropic unit vectors in R^d, cos ≈ N(0, 1/d): −2t + 2t²/d (−3.990 at d = 768, t = 2)."""
+    return -2.0 * t + 2.0 * t * t / d
+
+
+def alignment(anchors: np.ndarray, positives: np.ndarray, alpha: float = 2.0) -> dict:
+    """Wang & Isola's alignment E ‖x̂ − ŷ‖^α over positive pairs (row i of ``anchors`` with row i of
+    ``positives``, both (p, d), unit-normalised here). 0 = every pair identical, 2^α = every pair antipodal.
+    Returns ``{"alignment", "alpha", "pairs"}``."""
+    a, b = _unit_rows(anchors), _unit_rows(positives)
+    if a.shape != b.shape or a.shape[0] == 0:
+        raise ValueError(f"alignment needs two (p, d) matrices of the same shape with p >= 1, got {a.shape}, {b.shape}")
+    value = float((np.linalg.norm(a - b, axis=1) ** alpha).mean())
+    return {"alignment": value, "alpha": float(alpha), "pairs": int(a.shape[0])}
+
+
+def _unit_rows(vectors: np.ndarray) -> np.ndarray:
+    x = np.asarray(vectors, dtype=np.float64)
+    if x.ndim != 2:
+        raise ValueError(f"expected an (m, d) matrix, got shape {x.shape}")
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    if not (norms > 0).all():
+        raise ValueError(f"row {int(np.argmin(norms[:, 0] > 0))} has zero length: its direction is undefined")
+    return x / norms

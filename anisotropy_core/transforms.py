@@ -24,15 +24,16 @@ from __future__ import annotations
 
 import importlib
 import math
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Union
 
 import numpy as np
 
-from .diagnostics import centred_spectrum, descending_eigh, marchenko_pastur_edges
+from .diagnostics import covariance_spectrum, dual_spectrum, marchenko_pastur_edges
 from .moments import Moments
 
 REGISTRY: dict[str, type["FittedTransform"]] = {}
-PLUGINS = {"cluster_recenter": "anisotropy_core.clustering"}   # method → module that registers it
+PLUGINS = {"cluster_recenter": "anisotropy_core.clustering", "flow": "anisotropy_core.flow"}   # method → module that registers it
 
 DEFAULT_EPS = 1e-12   # whitening clamp: eigenvalues below eps·λ₁ are raised to eps·λ₁
 
@@ -246,13 +247,106 @@ class Whitening(FittedTransform):
         return z / norms
 
 
+@register
+class AbttPcaAbtt(FittedTransform):
+    """ABTT → PCA-k → ABTT (seed ch. 3): z = c M − (c M U₂ᵀ) U₂ with c = v − μ and M = P₁ B (d, k), where
+    P₁ = I − U₁ᵀU₁ removes ``first_components`` U₁ (D₁, d), B = ``basis`` (d, k) are the top-k principal
+    directions of the ABTT output and U₂ = ``second_components`` (D₂, k) the top-D₂ directions REFITTED on
+    the PCA-k output. (n, d) → (n, k). ``eigenvalues`` (d,) and ``reduced_eigenvalues`` (k,) are the input
+    and PCA-k spectra, kept for reporting.
+    """
+
+    method = "abtt_pca_abtt"
+
+    def __init__(self, mean, first_components, basis, second_components, eigenvalues, reduced_eigenvalues,
+                 d_rule="explicit", d2_rule="explicit"):
+        super().__init__(mean)
+        self.first_components = np.asarray(first_components, dtype=np.float64).reshape(-1, self.d_in)
+        self.basis = np.asarray(basis, dtype=np.float64)                                  # (d, k)
+        self.second_components = np.asarray(second_components, dtype=np.float64).reshape(-1, self.d_out)
+        self.eigenvalues = np.asarray(eigenvalues, dtype=np.float64)
+        self.reduced_eigenvalues = np.asarray(reduced_eigenvalues, dtype=np.float64)
+        self.d_rule, self.d2_rule = d_rule, d2_rule
+        self.matrix = self.basis - self.first_components.T @ (self.first_components @ self.basis)   # P₁ B
+
+    @property
+    def d_out(self) -> int:
+        return int(self.basis.shape[1])
+
+    def params(self):
+        return {"D": int(self.first_components.shape[0]), "k": self.d_out, "D2": int(self.second_components.shape[0]),
+                "d_rule": self.d_rule, "d2_rule": self.d2_rule}
+
+    def arrays(self):
+        return {"mean": self.mean, "first_components": self.first_components, "basis": self.basis,
+                "second_components": self.second_components, "eigenvalues": self.eigenvalues,
+                "reduced_eigenvalues": self.reduced_eigenvalues}
+
+    @classmethod
+    def from_parts(cls, params, arrays):
+        return cls(arrays["mean"], arrays["first_components"], arrays["basis"], arrays["second_components"],
+                   arrays["eigenvalues"], arrays["reduced_eigenvalues"], params.get("d_rule", "explicit"),
+                   params.get("d2_rule", "explicit"))
+
+    def _map(self, centred):
+        reduced = centred @ self.matrix
+        return reduced - (reduced @ self.second_components.T) @ self.second_components
+
+
 # ---------------------------------------------------------------------------------------------- fitting
 
 
-def fit_center(state: Moments) -> Center:
-    """Center from a moments state (d,) mean."""
-    _require_spread(state)
-    return Center(state.mean)
+@dataclass(frozen=True)
+class Principal:
+    """What every fit needs from the data: ``n`` vectors of dimension ``d``, their ``mean`` (d,), the centred
+    covariance spectrum ``eigenvalues`` (d,) descending (zeros past the rank) and sign-canonical principal
+    directions ``vectors`` (d, r) — r = d on the d × d route, r = the rank on the n < d Gram route."""
+
+    n: int
+    d: int
+    mean: np.ndarray
+    eigenvalues: np.ndarray
+    vectors: np.ndarray
+
+
+FitData = Union[Moments, np.ndarray]   # a merged moments state, or raw rows (n, d) (the n < d route)
+
+
+def principal(data: FitData, matrix: np.ndarray | None = None, require_spread: bool = True) -> Principal:
+    """Mean and centred spectrum of ``data`` — optionally of ``data @ matrix`` for a (d, k) ``matrix``.
+
+    ``data`` is a :class:`Moments` state (covariance MᵀΣM: no second pass over the data) or raw rows
+    (n, d); rows with n < d take the Gram/dual route (:func:`~anisotropy_core.diagnostics.dual_spectrum`,
+    never a d × d matrix), otherwise their moments. ``require_spread``: raise when the spectrum is all zero.
+    """
+    if isinstance(data, Moments):
+        if data.n < 2:
+            raise ValueError(f"fitting a correction needs at least 2 vectors, got n={data.n}")
+        if not math.isfinite(float(np.abs(data.comoment).max())):
+            raise ValueError("the moments state holds non-finite values")
+        cov, mean = data.covariance(), data.mean
+        if matrix is not None:
+            cov, mean = matrix.T @ cov @ matrix, mean @ matrix
+        lam, vecs = covariance_spectrum(cov)
+        result = Principal(data.n, int(mean.shape[0]), mean, lam, vecs)
+    else:
+        rows = check_input(np.asarray(data, dtype=np.float64), np.shape(data)[-1])
+        if matrix is not None:
+            rows = rows @ matrix
+        n, d = rows.shape
+        if n >= d or n < 2:
+            return principal(Moments.of_batch(rows), require_spread=require_spread)
+        mean = rows.mean(axis=0)
+        lam, vecs = dual_spectrum(rows - mean)
+        result = Principal(n, d, mean, np.concatenate([lam, np.zeros(d - lam.shape[0])]), vecs)
+    if require_spread and not result.eigenvalues.sum() > 0:
+        raise ValueError("all vectors are identical: the covariance is zero and no correction is defined")
+    return result
+
+
+def fit_center(data: FitData) -> Center:
+    """Center from a moments state or rows: the (d,) mean."""
+    return Center(principal(data).mean)
 
 
 DIRECTION_RULES = ("explicit", "marchenko_pastur", "artefact", "rule_of_thumb")
@@ -326,74 +420,91 @@ def choose_d(eigenvalues: np.ndarray, n: int, d: int, D: int | None = None,
     return len(chosen), rule
 
 
-def fit_abtt(state: Moments, D: int | None = None, max_D: int | None = None, directions: list[int] | None = None,
+def fit_abtt(data: FitData, D: int | None = None, max_D: int | None = None, directions: list[int] | None = None,
              rule: str | None = None, artefact_directions: list[dict] | None = None,
              artefact_corr: float = 0.5) -> AllButTheTop:
-    """All-but-the-Top from the CENTRED covariance of ``state``.
+    """All-but-the-Top from the CENTRED covariance of ``data`` (moments, or rows: n < d → Gram route).
 
     The removed set comes from :func:`choose_directions`: ``rule`` defaults to ``"explicit"`` when ``D`` or
     ``directions`` (1-based indices, any set) is given, else ``"marchenko_pastur"``.
     """
-    _require_spread(state)
-    lam, vecs = centred_spectrum(state)               # (d,), (d, d) columns, sign-canonical
+    p = principal(data)                                # (d,), (d, r) columns, sign-canonical
     rule = rule or ("explicit" if D is not None or directions is not None else "marchenko_pastur")
-    chosen, used = choose_directions(lam, state.n, state.d, rule, D=D, indices=directions, max_D=max_D,
+    chosen, used = choose_directions(p.eigenvalues, p.n, p.d, rule, D=D, indices=directions, max_D=max_D,
                                      artefact_directions=artefact_directions, artefact_corr=artefact_corr)
-    return AllButTheTop(state.mean, vecs[:, [j - 1 for j in chosen]].T, lam, used, chosen)
+    return AllButTheTop(p.mean, p.vectors[:, [j - 1 for j in chosen]].T, p.eigenvalues, used, chosen)
 
 
-def fit_whitening(state: Moments, k: int | None = None, shrinkage: float = 0.0, eps: float = DEFAULT_EPS,
+def fit_whitening(data: FitData, k: int | None = None, shrinkage: float = 0.0, eps: float = DEFAULT_EPS,
                   zca: bool = False, normalize: bool = False, exclude: list[int] | None = None) -> Whitening:
-    """Whitening-k from ``state``: W = U_k Λ_k^{-1/2} (d, k), or ZCA U_k Λ_k^{-1/2} U_kᵀ (d, d).
+    """Whitening-k from ``data``: W = U_k Λ_k^{-1/2} (d, k), or ZCA U_k Λ_k^{-1/2} U_kᵀ (d, d).
 
-    ``k``: kept directions (default d); ``shrinkage`` α ∈ [0, 1]: Σ ← (1−α)Σ + α(tr Σ/d)I;
-    ``eps`` > 0: eigenvalues below eps·λ₁ are clamped to eps·λ₁ (1/√0 would be an inf; for n ≤ d prefer
-    k < n or shrinkage — the clamped count is reported as ``clamped``).
-    ``exclude``: 1-based principal directions dropped before the k are kept — ABTT of those directions then
-    whitening, in one matrix (ABTT's projector commutes with Σ, so Σ's other eigenpairs are unchanged).
+    ``k``: kept directions (default d − len(exclude)); ``shrinkage`` α ∈ [0, 1]: Σ ← (1−α)Σ + α(tr Σ/d)I (same
+    eigenvectors, eigenvalues (1−α)λ + α tr Σ/d); ``eps`` > 0: eigenvalues below eps·λ₁ are clamped to eps·λ₁
+    (1/√0 would be an inf; the clamped count is reported as ``clamped``). Rows with n < d take the Gram route,
+    which knows only the r ≤ n − 1 directions the data spans: there k must be ≤ r (the seed's "whitening-k
+    with k < n"). ``exclude``: 1-based principal directions dropped before the k are kept — ABTT of those
+    directions then whitening, in one matrix (ABTT's projector commutes with Σ, so Σ's other eigenpairs are
+    unchanged).
     """
-    _require_spread(state)
-    d = state.d
-    dropped = sorted(set(int(j) for j in exclude or []))
-    if any(not 1 <= j <= d for j in dropped):
-        raise ValueError(f"exclude={dropped} must hold indices in 1..{d}")
-    k = d - len(dropped) if k is None else int(k)
-    if not 1 <= k <= d - len(dropped):
-        raise ValueError(f"k={k} must satisfy 1 <= k <= d - len(exclude) = {d - len(dropped)}")
     if not 0.0 <= shrinkage <= 1.0:
         raise ValueError(f"shrinkage must be in [0, 1], got {shrinkage}")
     if not eps > 0:
         raise ValueError(f"eps must be > 0, got {eps}")
-    cov = state.covariance()
+    p = principal(data)
+    d = p.d
+    dropped = sorted(set(int(j) for j in exclude or []))
+    if any(not 1 <= j <= p.vectors.shape[1] for j in dropped):
+        raise ValueError(f"exclude={dropped} must hold indices in 1..{p.vectors.shape[1]}")
+    k = d - len(dropped) if k is None else int(k)
+    if not 1 <= k <= d - len(dropped):
+        raise ValueError(f"k={k} must satisfy 1 <= k <= d - len(exclude) = {d - len(dropped)}")
+    spanned = p.vectors.shape[1] - len(dropped)
+    if k > spanned:
+        raise ValueError(f"k={k} exceeds the {spanned} directions that n={p.n} vectors span in "
+                         f"d={d}{' (after exclude)' if dropped else ''}: with n < d use k <= {spanned}")
+    lam = p.eigenvalues
     if shrinkage:
-        cov = (1.0 - shrinkage) * cov + shrinkage * np.trace(cov) / d * np.eye(d)
-    lam, vecs = descending_eigh(cov)                     # sign-canonical columns, like ABTT's
-    if dropped:
-        vecs = np.delete(vecs, [j - 1 for j in dropped], axis=1)
+        lam = (1.0 - shrinkage) * lam + shrinkage * lam.sum() / d
+    vectors = np.delete(p.vectors, [j - 1 for j in dropped], axis=1)
     kept_lam = np.delete(lam, [j - 1 for j in dropped])
     floor = eps * lam[0]
     kept = np.maximum(kept_lam[:k], floor)
     clamped = int((kept_lam[:k] < floor).sum())
-    matrix = vecs[:, :k] / np.sqrt(kept)                  # (d, k) == U_k diag(λ^-1/2)
+    matrix = vectors[:, :k] / np.sqrt(kept)              # (d, k) == U_k diag(λ^-1/2)
     if zca:
-        matrix = matrix @ vecs[:, :k].T                  # (d, d)
-    return Whitening(state.mean, matrix, np.clip(lam, 0.0, None), k, shrinkage, eps, zca, normalize, clamped)
+        matrix = matrix @ vectors[:, :k].T               # (d, d)
+    return Whitening(p.mean, matrix, lam, k, shrinkage, eps, zca, normalize, clamped)
 
 
-FITTERS = {"center": fit_center, "abtt": fit_abtt, "whitening": fit_whitening}
+def fit_abtt_pca_abtt(data: FitData, D: int | None = None, k: int | None = None, D2: int | None = None,
+                      max_D: int | None = None) -> "AbttPcaAbtt":
+    """Seed ch. 3, "Does it compose?": ABTT (D), PCA down to k, then ABTT REFITTED on the reduced output (D2).
+
+    Every step is fitted from the previous step's output covariance (MᵀΣM from the same moments state, or
+    the mapped rows), so it is one pass over the data. D and D2 default to :func:`choose_d` on their own
+    spectra; k defaults to ⌈d/3⌉ (the seed's 768 → 256).
+    """
+    first = fit_abtt(data, D, max_D)
+    p = principal(data)
+    k = -(-p.d // 3) if k is None else int(k)
+    rank = p.vectors.shape[1] - first.D if p.vectors.shape[1] < p.d else p.d - first.D
+    if not 1 <= k <= rank:
+        raise ValueError(f"k={k} must satisfy 1 <= k <= {rank} (d={p.d} minus the D={first.D} removed"
+                         + (f", and the rank the n={p.n} vectors span)" if p.vectors.shape[1] < p.d else ")"))
+    projector = first.projector()
+    basis = principal(data, projector).vectors[:, :k]                   # (d, k) PCA of the ABTT output
+    reduced = principal(data, projector @ basis)                        # (k,) spectrum of the PCA-k output
+    chosen, rule = choose_d(reduced.eigenvalues, reduced.n, k, D2, max_D)
+    return AbttPcaAbtt(p.mean, first.components, basis, reduced.vectors[:, :chosen].T, p.eigenvalues,
+                       reduced.eigenvalues, first.d_rule, rule)
 
 
-def fit(method: str, state: Moments, **params) -> FittedTransform:
-    """Dispatch to ``fit_<method>`` (``center``, ``abtt``, ``whitening``) with its keyword params."""
+FITTERS = {"center": fit_center, "abtt": fit_abtt, "whitening": fit_whitening, "abtt_pca_abtt": fit_abtt_pca_abtt}
+
+
+def fit(method: str, data: FitData, **params) -> FittedTransform:
+    """Dispatch to ``fit_<method>`` (``center``, ``abtt``, ``whitening``, ``abtt_pca_abtt``) with its params."""
     if method not in FITTERS:
         raise ValueError(f"unknown method {method!r}; choose one of {sorted(FITTERS)}")
-    return FITTERS[method](state, **params)
-
-
-def _require_spread(state: Moments) -> None:
-    if state.n < 2:
-        raise ValueError(f"fitting a correction needs at least 2 vectors, got n={state.n}")
-    if not np.trace(state.covariance()) > 0:
-        raise ValueError("all vectors are identical: the covariance is zero and no correction is defined")
-    if not math.isfinite(float(np.abs(state.comoment).max())):
-        raise ValueError("the moments state holds non-finite values")
+    return FITTERS[method](data, **params)

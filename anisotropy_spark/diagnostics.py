@@ -99,14 +99,50 @@ def u1_artefact_test(df: DataFrame, vector_col: str, report: dict, metadata_cols
 
 def sample_rows(df: DataFrame, vector_col: str, dimension: int, columns: list[str], size: int,
                 seed: int = 0, total: int | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """A random sample of about ``size`` valid rows on the driver, for pictures and in-memory measures.
+    """A uniform random sample of about ``size`` valid rows on the driver (flow training, pictures, in-memory
+    measures): Spark's Bernoulli ``sample`` at 1.5·size/n, then a uniform subset of ``size`` of those rows on
+    the driver (``limit`` would keep the first partitions' rows and drop the last ones').
 
     ``total``: the rows of ``df`` when already known (saves a counting pass). Returns
     ``(vectors (m, d) float64, {column: (m,) array})`` with m ≤ ``size``.
     """
     total = df.count() if total is None else total
     fraction = min(1.0, 1.5 * size / max(total, 1))
-    rows = df.select(vector_col, *columns).sample(fraction=fraction, seed=seed).limit(size).toArrow()
+    rows = df.select(vector_col, *columns).sample(fraction=fraction, seed=seed).toArrow()
+    if rows.num_rows > size:
+        keep = np.sort(np.random.default_rng(seed).choice(rows.num_rows, size=size, replace=False))
+        rows = rows.take(pa.array(keep))
     vectors = batch_matrix(rows.combine_chunks().to_batches()[0], vector_col, dimension) if rows.num_rows \
         else np.empty((0, dimension))
     return vectors, {c: rows.column(c).to_numpy(zero_copy_only=False) for c in columns}
+
+
+def pair_alignment(valid: DataFrame, vector_col: str, id_col: str, pairs: DataFrame, alpha: float = 2.0) -> dict:
+    """Wang & Isola's alignment E ‖x̂ − ŷ‖^α over every positive pair of ``pairs`` (columns ``id_a``, ``id_b``
+    holding ids of ``valid``), distributed: two joins and one aggregate of Spark SQL array functions.
+
+    Pairs with an id missing from ``valid`` (unknown, or quarantined as invalid) cannot be scored: they are
+    counted in ``unmatched_pairs``, never silently dropped. Returns ``{"alignment", "alpha", "pairs",
+    "unmatched_pairs"}`` (alignment None when no pair matched) — :func:`anisotropy_core.isotropy_measures.alignment`
+    on the matched pairs.
+    """
+    missing = [c for c in ("id_a", "id_b") if c not in pairs.columns]
+    if missing:
+        raise ValueError(f"pairs table lacks column(s) {missing}; it needs id_a and id_b, has {pairs.columns}")
+    vectors = valid.select(F.col(id_col).alias("_id"), F.col(vector_col).alias("_v"))
+    joined = (pairs.select("id_a", "id_b")
+              .join(vectors.withColumnRenamed("_v", "_a"), F.col("id_a") == F.col("_id"), "left").drop("_id")
+              .join(vectors.withColumnRenamed("_v", "_b"), F.col("id_b") == F.col("_id"), "left").drop("_id"))
+
+    def total(expr: str) -> F.Column:
+        return F.expr(f"aggregate({expr}, 0D, (acc, v) -> acc + v)")
+
+    dot = total("zip_with(_a, _b, (x, y) -> x * y)")
+    norms = F.sqrt(total("transform(_a, x -> x * x)")) * F.sqrt(total("transform(_b, x -> x * x)"))
+    squared = F.greatest(F.lit(0.0), 2.0 - 2.0 * dot / norms)            # ‖x̂ − ŷ‖² = 2 − 2cos
+    matched = F.col("_a").isNotNull() & F.col("_b").isNotNull()
+    row = joined.agg(F.sum(F.when(matched, 1).otherwise(0)).alias("pairs"),
+                     F.sum(F.when(matched, 0).otherwise(1)).alias("unmatched"),
+                     F.avg(F.when(matched, F.pow(squared, alpha / 2.0))).alias("alignment")).first()
+    return {"alignment": row["alignment"], "alpha": float(alpha), "pairs": int(row["pairs"] or 0),
+            "unmatched_pairs": int(row["unmatched"] or 0)}

@@ -1,10 +1,12 @@
 """pyspark.ml Estimators and Models for the corrections of :mod:`anisotropy_core.transforms`, and the
 method registry (:func:`estimator_for`).
 
-* :class:`CenterEstimator`, :class:`AllButTheTopEstimator`, :class:`WhiteningEstimator` — ``fit(df)`` is
-  one pass (:func:`~anisotropy_spark.moments.corpus_moments`, Arrow batches + treeReduce) plus a driver
-  ``eigh``; it returns a :class:`CorrectionModel` (:class:`AllButTheTopModel`, :class:`WhiteningModel`: the
-  Params of :mod:`anisotropy_spark.params` on both sides, pyspark.ml style).
+* :class:`CenterEstimator`, :class:`AllButTheTopEstimator`, :class:`WhiteningEstimator`,
+  :class:`AbttPcaAbttEstimator` — ``fit(df)`` is one pass (:func:`~anisotropy_spark.moments.corpus_moments`,
+  Arrow batches + treeReduce) plus a driver ``eigh`` (the n × n Gram route when n < d); it returns a
+  :class:`CorrectionModel` (:class:`AllButTheTopModel`, :class:`WhiteningModel`, …: the Params of
+  :mod:`anisotropy_spark.params` on both sides, pyspark.ml style).
+* :class:`FlowEstimator` — trains BERT-flow on a uniform driver-side sample; also a :class:`CorrectionModel`.
 * :class:`CorrectionModel` — wraps any fitted :class:`~anisotropy_core.transforms.FittedTransform`;
   ``transform(df)`` only builds a plan (no Spark job) that maps Arrow batches through numpy with ``mapInArrow`` (no per-row Python) and writes
   ``outputCol`` (d_out long), keeping every other column. The math runs in float64 inside each batch; the
@@ -38,14 +40,17 @@ from pyspark.sql.types import ArrayType, DoubleType, FloatType, StringType, Stru
 
 from anisotropy_core import storage
 from anisotropy_core.artifact import Artifact, ArtifactError, build_manifest, load_artifact, save_artifact
-from anisotropy_core.moments import Moments
-from anisotropy_core.transforms import DEFAULT_EPS, FittedTransform, fit_abtt, fit_center, fit_whitening
+from anisotropy_core.flow import fit_flow
+from anisotropy_core.transforms import (DEFAULT_EPS, FitData, FittedTransform, fit_abtt, fit_abtt_pca_abtt,
+                                        fit_center, fit_whitening)
 
 from .arrow import batch_matrix, matrix_column
 from .contract import REASON_COLUMN, check_batch, first_invalid_error
+from .diagnostics import sample_rows
 from .io import TableRef, as_vector_array, infer_dimension
 from .moments import corpus_moments
-from .params import OUTPUT_DTYPES, HasOutputDtype, _AllButTheTopParams, _CorrectionParams, _WhiteningParams, param_name
+from .params import (OUTPUT_DTYPES, HasOutputDtype, _AbttPcaAbttParams, _AllButTheTopParams, _CorrectionParams,
+                     _FlowParams, _WhiteningParams, param_name)
 
 
 _MODEL_CLASSES: dict[str, type["CorrectionModel"]] = {}
@@ -148,11 +153,19 @@ class CorrectionEstimator(Estimator, _CorrectionParams, DefaultParamsReadable, D
         return self._copyValues(self.model_class(transform, n=n)).withFittedParams()
 
     def _fit_transform(self, vectors: DataFrame, col: str, d: int) -> tuple[FittedTransform, int]:
-        """Fit on ``vectors`` (column ``col`` array<float|double> of length d) → (transform, vectors used)."""
+        """Fit on ``vectors`` (column ``col`` array<float|double> of length d) → (transform, vectors used).
+
+        One moments pass; when it finds n < d the n rows (fewer than d, so bounded) are collected and the fit
+        takes the Gram/dual route (seed ch. 6) instead of the rank-deficient d × d covariance.
+        """
         state = corpus_moments(vectors, col, d)
+        if state.n < d:
+            rows, _ = sample_rows(vectors, col, d, [], state.n)
+            return self._fit_moments(rows), state.n
         return self._fit_moments(state), state.n
 
-    def _fit_moments(self, state: Moments) -> FittedTransform:
+    def _fit_moments(self, state: FitData) -> FittedTransform:
+        """The fitted transform of a merged moments ``state``, or of the rows (n, d) when n < d."""
         raise NotImplementedError
 
 
@@ -183,13 +196,14 @@ class AllButTheTopEstimator(CorrectionEstimator, _AllButTheTopParams):
 
     @keyword_only
     def __init__(self, *, inputCol: str | None = None, outputCol: str | None = None,
-                 D: int | None = None, maxD: int | None = None):
+                 D: int | None = None, maxD: int | None = None, directions: list[int] | None = None):
         super().__init__()
         self.setParams(**self._input_kwargs)
 
     @keyword_only
     def setParams(self, *, inputCol: str | None = None, outputCol: str | None = None,
-                  D: int | None = None, maxD: int | None = None) -> "AllButTheTopEstimator":
+                  D: int | None = None, maxD: int | None = None,
+                  directions: list[int] | None = None) -> "AllButTheTopEstimator":
         return self._set(**self._input_kwargs)
 
     def setD(self, value: int | None) -> "AllButTheTopEstimator":
@@ -198,8 +212,11 @@ class AllButTheTopEstimator(CorrectionEstimator, _AllButTheTopParams):
     def setMaxD(self, value: int | None) -> "AllButTheTopEstimator":
         return self._set(maxD=value)
 
+    def setDirections(self, value: list[int] | None) -> "AllButTheTopEstimator":
+        return self._set(directions=value)
+
     def _fit_moments(self, state):
-        return fit_abtt(state, D=self.getD(), max_D=self.getMaxD())
+        return fit_abtt(state, D=self.getD(), max_D=self.getMaxD(), directions=self.getDirections())
 
 
 @register_estimator("whitening")
@@ -208,14 +225,15 @@ class WhiteningEstimator(CorrectionEstimator, _WhiteningParams):
 
     @keyword_only
     def __init__(self, *, inputCol: str | None = None, outputCol: str | None = None, k: int | None = None,
-                 shrinkage: float = 0.0, eps: float = DEFAULT_EPS, zca: bool = False, normalize: bool = False):
+                 shrinkage: float = 0.0, eps: float = DEFAULT_EPS, zca: bool = False, normalize: bool = False,
+                 exclude: list[int] | None = None):
         super().__init__()
         self.setParams(**self._input_kwargs)
 
     @keyword_only
     def setParams(self, *, inputCol: str | None = None, outputCol: str | None = None, k: int | None = None,
                   shrinkage: float = 0.0, eps: float = DEFAULT_EPS, zca: bool = False,
-                  normalize: bool = False) -> "WhiteningEstimator":
+                  normalize: bool = False, exclude: list[int] | None = None) -> "WhiteningEstimator":
         return self._set(**self._input_kwargs)
 
     def setK(self, value: int | None) -> "WhiteningEstimator":
@@ -233,9 +251,60 @@ class WhiteningEstimator(CorrectionEstimator, _WhiteningParams):
     def setNormalize(self, value: bool) -> "WhiteningEstimator":
         return self._set(normalize=value)
 
+    def setExclude(self, value: list[int] | None) -> "WhiteningEstimator":
+        return self._set(exclude=value)
+
     def _fit_moments(self, state):
         return fit_whitening(state, k=self.getK(), shrinkage=self.getShrinkage(), eps=self.getEps(),
-                             zca=self.getZca(), normalize=self.getNormalize())
+                             zca=self.getZca(), normalize=self.getNormalize(), exclude=self.getExclude())
+
+
+@register_estimator("abtt_pca_abtt")
+class AbttPcaAbttEstimator(CorrectionEstimator, _AbttPcaAbttParams):
+    """ABTT (D) → PCA-k → ABTT refitted on the reduced output (D2) (seed ch. 3, "Does it compose?").
+
+    ``D``/``D2`` default to the measured count (as :class:`AllButTheTopEstimator`), ``k`` to ⌈d/3⌉; one pass.
+    """
+
+    @keyword_only
+    def __init__(self, *, inputCol: str | None = None, outputCol: str | None = None, D: int | None = None,
+                 k: int | None = None, D2: int | None = None, maxD: int | None = None):
+        super().__init__()
+        self.setParams(**self._input_kwargs)
+
+    @keyword_only
+    def setParams(self, *, inputCol: str | None = None, outputCol: str | None = None, D: int | None = None,
+                  k: int | None = None, D2: int | None = None, maxD: int | None = None) -> "AbttPcaAbttEstimator":
+        return self._set(**self._input_kwargs)
+
+    def _fit_moments(self, state):
+        return fit_abtt_pca_abtt(state, D=self.getD(), k=self.getK(), D2=self.getD2(), max_D=self.getMaxD())
+
+
+@register_estimator("flow")
+class FlowEstimator(CorrectionEstimator, _FlowParams):
+    """BERT-flow (seed ch. 5): a Glow-style flow (:mod:`anisotropy_core.flow`) trained by maximum likelihood
+    on a uniform sample of ``sampleSize`` rows collected on the driver, for ``steps`` Adam steps."""
+
+    @keyword_only
+    def __init__(self, *, inputCol: str | None = None, outputCol: str | None = None, sampleSize: int = 5000,
+                 steps: int = 300, couplings: int = 4, hidden: int = 32, batchSize: int = 256,
+                 learningRate: float = 1e-2, seed: int = 0):
+        super().__init__()
+        self.setParams(**self._input_kwargs)
+
+    @keyword_only
+    def setParams(self, *, inputCol: str | None = None, outputCol: str | None = None, sampleSize: int = 5000,
+                  steps: int = 300, couplings: int = 4, hidden: int = 32, batchSize: int = 256,
+                  learningRate: float = 1e-2, seed: int = 0) -> "FlowEstimator":
+        return self._set(**self._input_kwargs)
+
+    def _fit_transform(self, vectors, col, d):
+        sample, _ = sample_rows(vectors, col, d, [], self.getSampleSize(), self.getSeed())
+        transform = fit_flow(sample, couplings=self.getCouplings(), hidden=self.getHidden(), steps=self.getSteps(),
+                             batch_size=self.getBatchSize(), learning_rate=self.getLearningRate(),
+                             seed=self.getSeed())
+        return transform, int(sample.shape[0])
 
 
 class CorrectionModel(Model, _CorrectionParams, HasOutputDtype, MLReadable, MLWritable):
@@ -436,7 +505,7 @@ CorrectionEstimator.model_class = CorrectionModel
 
 @register_model_class("abtt")
 class AllButTheTopModel(CorrectionModel, _AllButTheTopParams):
-    """Fitted All-but-the-Top; ``getD()`` is the number of directions removed."""
+    """Fitted All-but-the-Top; ``getD()`` is the number of directions removed, ``getDirections()`` which."""
 
 
 @register_model_class("whitening")
@@ -444,8 +513,20 @@ class WhiteningModel(CorrectionModel, _WhiteningParams):
     """Fitted whitening-k; ``getK()`` is the number of kept directions."""
 
 
+@register_model_class("abtt_pca_abtt")
+class AbttPcaAbttModel(CorrectionModel, _AbttPcaAbttParams):
+    """Fitted ABTT → PCA-k → ABTT; ``getK()`` is the output dimension."""
+
+
+@register_model_class("flow")
+class FlowModel(CorrectionModel, _FlowParams):
+    """Fitted BERT-flow."""
+
+
 AllButTheTopEstimator.model_class = AllButTheTopModel
 WhiteningEstimator.model_class = WhiteningModel
+AbttPcaAbttEstimator.model_class = AbttPcaAbttModel
+FlowEstimator.model_class = FlowModel
 
 
 class _CorrectionWriter(MLWriter):

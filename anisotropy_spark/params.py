@@ -51,22 +51,28 @@ class HasOutputDtype(Params):
 
 
 class _AllButTheTopParams(_CorrectionParams):
-    """``D`` directions removed (None = Marchenko–Pastur count, capped at ``maxD``, default round(d/100))."""
+    """``D`` directions removed (None = Marchenko–Pastur count, uncapped unless ``maxD``), or ``directions``:
+    the 1-based principal-component indices to remove (any set, e.g. [1, 3]; overrides ``D``)."""
 
-    D = Param(Params._dummy(), "D", "directions to remove; None = Marchenko–Pastur count (capped)",
+    D = Param(Params._dummy(), "D", "directions to remove; None = Marchenko–Pastur count",
               typeConverter=TypeConverters.toInt)
-    maxD = Param(Params._dummy(), "maxD", "cap on the measured D; None = max(1, round(d/100))",
+    maxD = Param(Params._dummy(), "maxD", "cap on the measured D; None = uncapped",
                  typeConverter=TypeConverters.toInt)
+    directions = Param(Params._dummy(), "directions", "1-based principal directions to remove; None = the top D",
+                       typeConverter=TypeConverters.toListInt)
 
     def __init__(self, *args: Any):
         super().__init__(*args)
-        self._setDefault(D=None, maxD=None)
+        self._setDefault(D=None, maxD=None, directions=None)
 
     def getD(self) -> int | None:
         return self.getOrDefault(self.D)
 
     def getMaxD(self) -> int | None:
         return self.getOrDefault(self.maxD)
+
+    def getDirections(self) -> list[int] | None:
+        return self.getOrDefault(self.directions)
 
 
 class _WhiteningParams(_CorrectionParams):
@@ -79,10 +85,12 @@ class _WhiteningParams(_CorrectionParams):
     zca = Param(Params._dummy(), "zca", "symmetric W = UΛ^-1/2Uᵀ", typeConverter=TypeConverters.toBoolean)
     normalize = Param(Params._dummy(), "normalize", "L2-normalise the output",
                       typeConverter=TypeConverters.toBoolean)
+    exclude = Param(Params._dummy(), "exclude", "1-based principal directions dropped first (ABTT then whitening)",
+                    typeConverter=TypeConverters.toListInt)
 
     def __init__(self, *args: Any):
         super().__init__(*args)
-        self._setDefault(k=None, shrinkage=0.0, eps=DEFAULT_EPS, zca=False, normalize=False)
+        self._setDefault(k=None, shrinkage=0.0, eps=DEFAULT_EPS, zca=False, normalize=False, exclude=None)
 
     def getK(self) -> int | None:
         return self.getOrDefault(self.k)
@@ -98,6 +106,73 @@ class _WhiteningParams(_CorrectionParams):
 
     def getNormalize(self) -> bool:
         return self.getOrDefault(self.normalize)
+
+    def getExclude(self) -> list[int] | None:
+        return self.getOrDefault(self.exclude)
+
+
+class _AbttPcaAbttParams(_CorrectionParams):
+    """ABTT → PCA-k → ABTT (seed ch. 3): ``D`` removed first, ``k`` PCA dimension kept (None = ⌈d/3⌉), ``D2``
+    removed after the PCA (None = measured), ``maxD`` cap on both measured counts (None = uncapped)."""
+
+    D = Param(Params._dummy(), "D", "directions removed first; None = measured", typeConverter=TypeConverters.toInt)
+    k = Param(Params._dummy(), "k", "PCA dimension kept; None = ceil(d/3)", typeConverter=TypeConverters.toInt)
+    D2 = Param(Params._dummy(), "D2", "directions removed after the PCA; None = measured",
+               typeConverter=TypeConverters.toInt)
+    maxD = Param(Params._dummy(), "maxD", "cap on the measured D and D2; None = uncapped",
+                 typeConverter=TypeConverters.toInt)
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self._setDefault(D=None, k=None, D2=None, maxD=None)
+
+    def getD(self) -> int | None:
+        return self.getOrDefault(self.D)
+
+    def getK(self) -> int | None:
+        return self.getOrDefault(self.k)
+
+    def getD2(self) -> int | None:
+        return self.getOrDefault(self.D2)
+
+    def getMaxD(self) -> int | None:
+        return self.getOrDefault(self.maxD)
+
+
+class _FlowParams(_CorrectionParams, HasSeed):
+    """BERT-flow (seed ch. 5): trained on ``sampleSize`` rows sampled to the driver, ``steps`` Adam steps of
+    ``batchSize`` rows at ``learningRate``; ``couplings`` additive couplings with an MLP of width ``hidden``."""
+
+    sampleSize = Param(Params._dummy(), "sampleSize", "rows sampled to the driver for training",
+                       typeConverter=TypeConverters.toInt)
+    steps = Param(Params._dummy(), "steps", "Adam steps", typeConverter=TypeConverters.toInt)
+    couplings = Param(Params._dummy(), "couplings", "additive coupling layers", typeConverter=TypeConverters.toInt)
+    hidden = Param(Params._dummy(), "hidden", "hidden width of each coupling's MLP", typeConverter=TypeConverters.toInt)
+    batchSize = Param(Params._dummy(), "batchSize", "mini-batch size", typeConverter=TypeConverters.toInt)
+    learningRate = Param(Params._dummy(), "learningRate", "Adam step size", typeConverter=TypeConverters.toFloat)
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self._setDefault(sampleSize=5000, steps=300, couplings=4, hidden=32, batchSize=256, learningRate=1e-2,
+                         seed=0)
+
+    def getSampleSize(self) -> int:
+        return self.getOrDefault(self.sampleSize)
+
+    def getSteps(self) -> int:
+        return self.getOrDefault(self.steps)
+
+    def getCouplings(self) -> int:
+        return self.getOrDefault(self.couplings)
+
+    def getHidden(self) -> int:
+        return self.getOrDefault(self.hidden)
+
+    def getBatchSize(self) -> int:
+        return self.getOrDefault(self.batchSize)
+
+    def getLearningRate(self) -> float:
+        return self.getOrDefault(self.learningRate)
 
 
 class _ClusterRecenterParams(_CorrectionParams, HasPredictionCol, HasSeed, HasMaxIter, HasTol, HasDistanceMeasure):

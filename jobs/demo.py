@@ -1,6 +1,6 @@
 """The demo: the whole product on the bundled corpus, with the embedded default (local Spark + local Delta).
 
-    anisotropy demo --conf conf/demo.yaml [--method abtt|whitening|center|cluster_recenter]
+    anisotropy demo --conf conf/demo.yaml [--method abtt|whitening|center|cluster_recenter|abtt_pca_abtt|flow]
     python -m jobs.demo --conf conf/demo.yaml ...
 
 1. loads ``data/demo_corpus.parquet`` (real all-MiniLM-L6-v2 sentence embeddings, one layer) into a
@@ -52,7 +52,7 @@ class DemoConfig:
     fit_conf: str = "conf/fit.yaml"
     apply_conf: str = "conf/apply.yaml"
     nightly_conf: str = "conf/nightly.yaml"
-    method: Literal["center", "abtt", "whitening", "cluster_recenter"] = "abtt"
+    method: Literal["center", "abtt", "whitening", "cluster_recenter", "abtt_pca_abtt", "flow"] = "abtt"
     master: str | None = None
 
 

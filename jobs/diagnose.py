@@ -27,14 +27,14 @@ from pyspark.sql import DataFrame, SparkSession
 from anisotropy_core import storage
 from anisotropy_core.decision import DecisionThresholds, recommend
 from anisotropy_core.diagnostics import Diagnosis, diagnose, plain_scalar
-from anisotropy_core.isotropy_measures import isoscore_from_spectrum, partition_ratio, sampling_noise, sign_structure_null
+from anisotropy_core.isotropy_measures import (isoscore_from_spectrum, partition_ratio, sampling_noise,
+                                               sign_structure_null, uniformity)
 from anisotropy_core.report import CLUSTER_KEYS, cell_text, write_report_assets
-from anisotropy_spark.diagnostics import DEFAULT_DIRECTIONS, sample_rows, u1_artefact_test
+from anisotropy_spark.diagnostics import DEFAULT_DIRECTIONS, pair_alignment, sample_rows, u1_artefact_test
 from anisotropy_spark.io import (InvalidRowsError, as_vector_array, infer_dimension, read_table, require_column,
                                  settle_invalid, valid_rows)
 from anisotropy_spark.moments import checked_moments
 from anisotropy_spark.kmeans import fit_kmeans, spark_cluster_diagnostics
-from anisotropy_spark.moments import corpus_moments
 from anisotropy_spark.session import get_spark
 from jobs.config import EvaluationConfig, InputSettings, config_hash, parse_args
 from jobs.evaluation import evaluation_markdown, run_evaluation
@@ -43,7 +43,7 @@ from jobs.stage_log import timed_stage
 log = logging.getLogger("anisotropy.diagnose")
 
 # the diagnosis's scalars, then the measures this job adds from the sample and the null models
-EXTRA_METRICS = ("isoscore", "A_noise_z", "null_effective_rank", "A_sign_null", "partition_ratio")
+EXTRA_METRICS = ("isoscore", "A_noise_z", "null_effective_rank", "A_sign_null", "partition_ratio", "uniformity")
 SCALAR_METRICS = Diagnosis.scalar_names() + EXTRA_METRICS
 # the diagnosis's arrays that report.json carries (the (d, d) principal directions stay out)
 REPORT_ARRAYS = ("power_law_range", "spectrum", "u1", "mean")
@@ -75,6 +75,8 @@ METRIC_MEANINGS = {
     "null_effective_rank": "effective rank that isotropic noise of this n and d would report",
     "A_sign_null": "the zero A should be compared with: 0, q/2 (sparse non-negative) or 1/π (dense ReLU) (sample)",
     "partition_ratio": "min Z(c)/max Z(c) over principal directions (1 = isotropic) (sample)",
+    "uniformity": "log E exp(−2‖x̂−ŷ‖²) over the sample's pairs (Wang & Isola): −4 spread out … 0 one direction; "
+                  "≈ −4(1 − A) when cosines are tight (sample)",
 }
 
 
@@ -85,6 +87,7 @@ class DiagnoseConfig(InputSettings):
     input_version: int | None = None
     metadata_cols: list[str] = dataclasses.field(default_factory=list)
     label_col: str | None = None
+    pairs: str | None = None
     sample_size: int = 2000
     cluster_k: int | None = None
     cluster_distance_measure: Literal["euclidean", "cosine"] = "euclidean"
@@ -150,11 +153,15 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
         with timed_stage(log, timings, "clusters") as info:
             per_cluster = per_cluster_table(valid, config, d, report.n)
             info["rows"] = state.n
+    aligned = None
+    if config.pairs:
+        with timed_stage(log, timings, "alignment"):
+            aligned = pair_alignment(valid, vector_col, id_col, read_table(spark, config.pairs)[0])
     sign_null = sign_structure_null(sample[0])
     noise = sampling_noise({**report, "A_sign_null": sign_null["null"]})   # A_z measured from the sign null
     extra = {"isoscore": isoscore_from_spectrum(report.spectrum), "A_noise_z": noise["A_z"],
              "null_effective_rank": noise["null_effective_rank"], "A_sign_null": sign_null["null"],
-             "partition_ratio": partition_ratio(sample[0])["I"]}
+             "partition_ratio": partition_ratio(sample[0])["I"], "uniformity": uniformity(sample[0])["uniformity"]}
     recommendation = recommend({**report, **extra}, per_cluster, artefact, config.decision)
     evaluation = None
     if config.evaluation:
@@ -179,6 +186,7 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
         **{name: np.asarray(report[name]).tolist() for name in REPORT_ARRAYS},
         "artefact": artefact,
         "per_cluster": per_cluster,
+        "alignment": aligned,
         "_sample": sample,
     }
 
@@ -221,7 +229,14 @@ def markdown_summary(result: dict) -> str:
     sigma = ((m["anisotropy_A"] - null) / m["isotropic_sd"]) if m["isotropic_sd"] else float("nan")
     k_lo, k_hi = result["power_law_range"]
     lines += ["", f"A is {sigma:.1f} isotropic standard deviations above its null {null:.4g}. "
-              f"α was fitted over eigenvalues k = {k_lo}…{k_hi} (those above the Marchenko–Pastur edge)."]
+              f"α was fitted over eigenvalues k = {k_lo}…{k_hi} (those above the Marchenko–Pastur edge).",
+              f"Sampled measures (sign null, partition ratio, uniformity) use {result['sample_size']} random vectors."]
+    aligned = result.get("alignment")
+    if aligned:
+        value = "undefined (no pair matched)" if aligned["alignment"] is None else f"{aligned['alignment']:.6g}"
+        lines += [f"Alignment E‖x̂−ŷ‖² over {aligned['pairs']} positive pairs: {value}"
+                  + (f" ({aligned['unmatched_pairs']} pairs name an id not among the valid rows)"
+                     if aligned["unmatched_pairs"] else "")]
     artefact = result["artefact"]
     if artefact["abs_corr"] or artefact["label_means"]:
         lines += ["", "## Is u1 an artefact? (|corr| of the u1 projection)", ""]

@@ -1,9 +1,10 @@
 """Fit job: fit a correction on an embedding table and save it as a versioned transform artifact.
 
-    anisotropy fit --conf conf/fit.yaml [--method abtt|whitening|center|cluster_recenter] [--D 3] [--k 256] ...
+    anisotropy fit --conf conf/fit.yaml [--method abtt|whitening|center|cluster_recenter|abtt_pca_abtt|flow] [--D 3] ...
     python -m jobs.fit --conf conf/fit.yaml ...
 
-One pass over ``input`` (pinned Delta version; the io validation contract) plus a driver ``eigh``. The
+One pass over ``input`` (pinned Delta version; the io validation contract) plus a driver ``eigh`` (``flow``:
+a uniform sample of ``sample_size`` rows trained on the driver for ``steps`` Adam steps). The
 artifact directory ``artifact`` holds ``manifest.json`` + ``arrays.npz`` (see anisotropy_core.artifact)
 and the pyspark.ml ``metadata/``; it records the fitted-on table path and version. Prints the manifest.
 """
@@ -32,7 +33,8 @@ from jobs.config import InputSettings, parse_args
 class FitConfig(InputSettings):
     """Settings of the fit job (conf/fit.yaml). The method settings are its Estimator's Params in snake_case
     (:func:`anisotropy_spark.params.param_name`); only those of ``method`` are used: ``D``/``max_D`` (abtt),
-    ``k``…``normalize`` (whitening), ``k``, ``D``, ``distance_measure``, ``seed`` (cluster_recenter)."""
+    ``k``…``normalize`` (whitening), ``k``, ``D``, ``distance_measure``, ``seed`` (cluster_recenter), ``D``,
+    ``k``, ``D2``, ``max_D`` (abtt_pca_abtt), ``sample_size``…``learning_rate``, ``seed`` (flow)."""
 
     artifact: str
     method: str = "abtt"
@@ -45,6 +47,13 @@ class FitConfig(InputSettings):
     zca: bool = False
     normalize: bool = False
     distance_measure: Literal["euclidean", "cosine"] = "euclidean"
+    D2: int | None = None
+    sample_size: int = 5000
+    steps: int = 300
+    couplings: int = 4
+    hidden: int = 32
+    batch_size: int = 256
+    learning_rate: float = 1e-2
     seed: int = 0
     master: str | None = None
 
@@ -52,8 +61,13 @@ class FitConfig(InputSettings):
         problems = self.input_problems()
         if self.method not in registered_methods():
             problems.append(f"method: {self.method!r} is not one of {registered_methods()}")
-        if self.D is not None and self.D < 0 or self.max_D is not None and self.max_D < 0:
-            problems.append("D and max_D must be >= 0")
+        if any(v is not None and v < 0 for v in (self.D, self.max_D, self.D2)):
+            problems.append("D, D2 and max_D must be >= 0")
+        flow_sizes = {k: getattr(self, k) for k in ("steps", "couplings", "hidden", "batch_size")}
+        problems += [f"{k} must be >= 1, got {v}" for k, v in flow_sizes.items() if v < 1]
+        if self.sample_size < 2 or not self.learning_rate > 0:
+            problems.append(f"sample_size must be >= 2 and learning_rate > 0, got "
+                            f"{self.sample_size}, {self.learning_rate}")
         if self.k is not None and self.k < 1:
             problems.append(f"k must be >= 1, got {self.k}")
         if not 0.0 <= self.shrinkage <= 1.0:

@@ -40,12 +40,16 @@ def write_table(spark, path, matrix, start=0, mode="overwrite"):
      .repartition(3).write.format("delta").mode(mode).save(path))
 
 
-@pytest.fixture(scope="module")
-def corpus(spark, tmp_path_factory):
-    root = tmp_path_factory.mktemp("apply")
-    data = synthetic.cone(N, D, offset=4.0, alpha=1.0, seed=21)
+def cone_corpus(spark, root, n, d, seed):
+    """A synthetic cone (n, d) written as the Delta table ``root/corpus``; returns (root, data)."""
+    data = synthetic.cone(n, d, offset=4.0, alpha=1.0, seed=seed)
     write_table(spark, str(root / "corpus"), data)
     return root, data
+
+
+@pytest.fixture(scope="module")
+def corpus(spark, tmp_path_factory):
+    return cone_corpus(spark, tmp_path_factory.mktemp("apply"), N, D, seed=21)
 
 
 def fitted(spark, root, method, **params):

@@ -4,8 +4,8 @@ import itertools
 import numpy as np
 import pytest
 
-from anisotropy_core.contextual import (GroupSums, adjust, contextual_report, group_sums, mev, ranking,
-                                        self_similarity)
+from anisotropy_core.contextual import (GroupSums, adjust, contextual_report, group_sums, mev, pooled_anisotropy,
+                                        pooling_report, ranking, self_similarity, static_vector)
 from anisotropy_core.moments import Moments
 
 
@@ -160,6 +160,12 @@ def test_spark_matches_numpy(spark):
                     assert g[key] == pytest.approx(value, abs=1e-10), (section, key)
                 else:
                     assert g[key] == value
+    assert [(r["layer"], r["word"]) for r in got["static_vectors"]] == [(r["layer"], r["word"]) for r in want["static_vectors"]]
+    for g, w in zip(got["static_vectors"], want["static_vectors"]):
+        np.testing.assert_allclose(g["vector"], w["vector"], atol=1e-8)
+    assert got["pooling"]["recommended_layer"] == want["pooling"]["recommended_layer"]
+    for g, w in zip(got["pooling"]["layers"], want["pooling"]["layers"]):
+        assert g == {k: pytest.approx(v, abs=1e-9) if isinstance(v, float) else v for k, v in w.items()}
 
 
 def test_spark_layer_baselines_only_with_empty_partitions(spark):
@@ -174,3 +180,47 @@ def test_spark_layer_baselines_only_with_empty_partitions(spark):
     assert [r["layer"] for r in got["layers"]] == [r["layer"] for r in want["layers"]]
     for g, w in zip(got["layers"], want["layers"]):
         assert g["n"] == w["n"] and g["baseline"] == pytest.approx(w["baseline"], abs=1e-12)
+
+
+def test_static_vector_points_toward_the_occurrences():
+    """The first PC oriented toward the occurrences' mean, whichever sign the eigen-solver returns; the
+    seed's sign((X @ u1).sum()) on centred X is a sum that is 0 up to rounding."""
+    rng = np.random.default_rng(7)
+    direction = np.array([0.6, 0.8, 0.0, 0.0])
+    for flip in (1.0, -1.0):
+        occ = flip * (np.outer(2.0 + rng.normal(size=60), direction) + 0.05 * rng.normal(size=(60, 4)))
+        u1 = static_vector(Moments.of_batch(occ))
+        assert abs(abs(u1 @ direction) - 1) < 1e-3
+        assert u1 @ occ.mean(axis=0) > 0                             # toward the occurrences
+        np.testing.assert_allclose(static_vector(occ[:3]), static_vector(Moments.of_batch(occ[:3])), atol=1e-10)
+        centred = occ - occ.mean(axis=0)
+        assert abs((centred @ u1).sum()) < 1e-10 * np.abs(centred @ u1).sum()   # the seed's rule has no sign
+    assert static_vector(np.tile([1.0, 2.0, 3.0], (4, 1))) is None
+
+
+def test_pooled_anisotropy_model_and_fingerprint():
+    """h = c + g, G/C = 0.5: pooled baseline 1/(1 + 0.25/m) — 0.8 for one token, rising with m — recovered
+    by a simulation, with the token-count correlation of the pooled u1 as its fingerprint."""
+    assert pooled_anisotropy(0.5, 1) == pytest.approx(0.8)
+    assert pooled_anisotropy(0.5, 16) == pytest.approx(1 / (1 + 0.25 / 16))
+    rng = np.random.default_rng(8)
+    d = 256
+    shared = rng.normal(size=d)
+    shared *= 1.0 / np.linalg.norm(shared)
+    rows = []
+    for layer, ratio in [(0, 5.0), (1, 0.5), (2, 0.25)]:
+        for sentence in range(120):
+            m = 2 + sentence % 15
+            g = rng.normal(size=(m, d)) * ratio / np.sqrt(d)
+            rows += [(layer, f"s{sentence}", shared + gi) for gi in g]
+    layers, sentences, x = zip(*rows)
+    sums = group_sums(np.stack(x), list(zip(layers, sentences)))
+    baselines = {layer: s.average_cosine() for layer, s in group_sums(np.stack(x), list(layers)).items()}
+    report = pooling_report(sums, baselines)
+    by_layer = {r["layer"]: r for r in report["layers"]}
+    assert by_layer[1]["shared_over_idiosyncratic"] == pytest.approx(0.5, rel=0.1)
+    assert by_layer[1]["token_baseline"] == pytest.approx(0.8, abs=0.02)
+    assert by_layer[1]["pooled_A"] > by_layer[1]["token_baseline"] + 0.1              # pooling amplifies
+    assert by_layer[1]["predicted_pooled_A"] == pytest.approx(by_layer[1]["pooled_A"], abs=0.02)
+    assert by_layer[0]["u1_token_count_corr"] > 0.5                                   # the length fingerprint
+    assert report["recommended_layer"] == 1                                            # lowest pooled A above 0

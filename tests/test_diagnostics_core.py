@@ -205,3 +205,72 @@ def test_healthy_and_spiked_spectra_are_not_steep():
     r = diagnose(spike)
     assert r["mp_above_upper"] == 1 and not r["power_law_alpha"] >= steep
     assert recommend(r).method == "abtt"
+
+
+
+
+def test_chapter2_three_tokens_softmax_gauge_and_spectrum():
+    """Chapter 2: h = (1, 2), e_a = (1, 0), e_b = (0, 1), e_c = (−1, 0); adding c = (3, 3) to every row shifts
+    every logit by h·c = 9 and leaves p = (0.259501, 0.705385, 0.035119). After the push/pull drift the
+    vocabulary e_f, e_1, e_2 has S eigenvalues 1.948561 / 0.002639, top-1 99.86 %, erank 1.010 and A = −0.335."""
+    h = np.array([1.0, 2.0])
+    table = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
+
+    def softmax(logits):
+        shifted = np.exp(logits - logits.max())
+        return shifted / shifted.sum()
+
+    before, after = softmax(table @ h), softmax((table + [3.0, 3.0]) @ h)
+    assert (table + [3.0, 3.0]) @ h - table @ h == pytest.approx([9.0, 9.0, 9.0])
+    # the chapter's p_a = 0.259501 is e⁻¹/1.417666 = 0.259496 mis-rounded (its three p sum to 1.000005)
+    assert before == pytest.approx([0.259501, 0.705385, 0.035119], abs=6e-6)
+    assert before[1:] == pytest.approx([0.705385, 0.035119], abs=5e-7)
+    assert np.abs(after - before).max() < 1e-15
+    drifted = np.array([[1.59, 1.17], [-0.75, -0.63], [-0.84, -0.54]])
+    r = diagnose(drifted)
+    raw = np.linalg.eigvalsh(drifted.T @ drifted / 3)[::-1]
+    assert raw == pytest.approx([1.948561, 0.002639], abs=5e-7)
+    assert r["raw_top1_share"] == pytest.approx(0.9986, abs=5e-5)
+    assert effective_rank(raw) == pytest.approx(1.010, abs=5e-4)
+    assert r["anisotropy_A"] == pytest.approx(-0.335, abs=5e-4)
+    initial = np.array([[-0.01, -0.03], [0.05, -0.03], [-0.04, 0.06]])
+    assert np.linalg.eigvalsh(initial.T @ initial / 3)[::-1] == pytest.approx([0.002817, 0.000383], abs=5e-7)
+
+
+CAT_DOG_CAR_TRUCK = np.array([[4.6, 1.0, 0.5], [1.4, 0.8, 0.9], [1.4, -0.9, -0.6], [4.6, -0.9, -0.8]])
+
+
+def test_chapter3_spectrum_table_raw_centred_abtt():
+    """Chapter 3 (μ = (3, 0, 0), centred rows as printed): top-1 89.7 % → 66.5 % → 99.6 %, erank 1.41 → 1.91
+    → 1.02. The raw erank is 1.4047 from the exact shares; the chapter's 1.41 comes from shares rounded to
+    (0.897, 0.101, 0.002)."""
+    from anisotropy_core.transforms import fit_abtt
+
+    r = diagnose(CAT_DOG_CAR_TRUCK)
+    raw = np.linalg.eigvalsh(CAT_DOG_CAR_TRUCK.T @ CAT_DOG_CAR_TRUCK / 4)[::-1]
+    assert r["raw_top1_share"] == pytest.approx(0.897, abs=5e-4)
+    assert effective_rank(raw) == pytest.approx(1.41, abs=0.006)
+    assert effective_rank(np.array([0.897, 0.101, 0.002])) == pytest.approx(1.41, abs=5e-3)
+    assert r["top1_var"] == pytest.approx(0.665, abs=5e-4)
+    assert r["effective_rank"] == pytest.approx(1.91, abs=5e-3)
+    after = diagnose(fit_abtt(Moments.of_batch(CAT_DOG_CAR_TRUCK), D=1).apply(CAT_DOG_CAR_TRUCK))
+    assert after["top1_var"] == pytest.approx(0.996, abs=5e-4)
+    assert after["effective_rank"] == pytest.approx(1.02, abs=5e-3)
+    assert after["anisotropy_A"] == pytest.approx(-0.333323, abs=5e-6)   # the chapter: −0.333323, not −1/3
+
+
+def test_chapter9_A_in_isotropic_standard_deviations():
+    """A = 0.892 is 1.5 isotropic SDs at d = 3 and 24.7 at d = 768 — the line the diagnosis report prints."""
+    from jobs.diagnose import SCALAR_METRICS, markdown_summary
+
+    A = diagnose(SIX)["anisotropy_A"]
+    assert A / diagnose(SIX)["isotropic_sd"] == pytest.approx(1.5, abs=0.05)
+    metrics = {key: 0.0 for key in SCALAR_METRICS}
+    metrics.update(anisotropy_A=A, isotropic_sd=1 / np.sqrt(768))
+    from anisotropy_core.decision import recommend
+
+    result = {"metrics": metrics, "input": {"path": "t", "version": None}, "run_id": "r", "created_at": "now",
+              "invalid_rows": 0, "artefact": {"abs_corr": {}, "label_means": {}}, "per_cluster": None,
+              "sample_size": 6, "recommendation": recommend(diagnose(SIX)).to_dict(), "power_law_range": [1, 0]}
+    # the null A is measured from is 0 here (A_sign_null = 0: sign-symmetric data)
+    assert "A is 24.7 isotropic standard deviations above its null 0." in markdown_summary(result)

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from anisotropy_core.diagnostics import anisotropy_from_offset, diagnose
-from anisotropy_core.isotropy_measures import (amplified_anisotropy, isoscore, isoscore_from_spectrum,
+from anisotropy_core.isotropy_measures import (alignment, amplified_anisotropy, isoscore, isoscore_from_spectrum,
                                                isotropic_anisotropy_se, mp_effective_rank, nonnegative_null,
                                                null_effective_rank, partition_ratio, sampling_noise,
-                                               sign_structure_null)
+                                               sign_structure_null, uniformity, uniformity_isotropic,
+                                               uniformity_tight_cone)
 from anisotropy_core.moments import Moments
 from anisotropy_core.synthetic import cone
 
@@ -172,3 +173,42 @@ def test_sampling_noise_z_is_measured_from_the_sign_structure_null():
     assert from_zero > 1000
     assert from_null == pytest.approx((report["anisotropy_A"] - null) / isotropic_anisotropy_se(2000, 128))
     assert abs(from_null) < abs(from_zero) / 10
+
+
+def test_uniformity_chapter7_numbers_and_identity():
+    """Uniform on the sphere at d = 768: −4 + 16·(1/768)/2 = −3.990; a tight cone with A = 0.99: −0.040; and
+    in general −4(1 − A) when the cosines are tight around A (a lower bound otherwise, by Jensen)."""
+    assert round(uniformity_isotropic(768), 3) == -3.990
+    assert round(uniformity_tight_cone(0.99), 3) == -0.040
+    rng = np.random.default_rng(0)
+    iso = uniformity(rng.standard_normal((600, 768)))
+    assert iso["sample_size"] == 600 and iso["t"] == 2.0
+    assert iso["uniformity"] == pytest.approx(-3.990, abs=0.005)
+    direction = rng.standard_normal(768)
+    direction /= np.linalg.norm(direction)
+    noise = rng.standard_normal((300, 768))
+    noise -= np.outer(noise @ direction, direction)
+    tight = direction + 0.1005 * noise / np.linalg.norm(noise, axis=1, keepdims=True)   # cos ≈ 0.99 to every other
+    measured = uniformity(tight)["uniformity"]
+    a = diagnose(tight)["anisotropy_A"]
+    assert a == pytest.approx(0.99, abs=0.001)
+    assert measured == pytest.approx(uniformity_tight_cone(a), abs=1e-3)
+    assert measured == pytest.approx(-0.040, abs=0.005)
+    spread = rng.standard_normal((200, 5)) + [2, 0, 0, 0, 0]
+    assert uniformity(spread)["uniformity"] >= uniformity_tight_cone(diagnose(spread)["anisotropy_A"]) - 1e-12
+    pair_brute = np.mean([np.exp(-2 * np.sum((u - v) ** 2)) for i, u in enumerate(spread[:40] / np.linalg.norm(
+        spread[:40], axis=1, keepdims=True)) for v in (spread[i + 1:40] / np.linalg.norm(spread[i + 1:40], axis=1, keepdims=True))])
+    assert uniformity(spread[:40])["uniformity"] == pytest.approx(np.log(pair_brute), abs=1e-12)
+
+
+def test_alignment_of_positive_pairs():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((50, 8))
+    assert alignment(x, 3 * x)["alignment"] == pytest.approx(0.0, abs=1e-24)
+    assert alignment(x, -x)["alignment"] == pytest.approx(4.0)
+    y = x + 0.3 * rng.standard_normal((50, 8))
+    unit = lambda m: m / np.linalg.norm(m, axis=1, keepdims=True)   # noqa: E731
+    expected = np.mean(np.sum((unit(x) - unit(y)) ** 2, axis=1))
+    assert alignment(x, y) == {"alignment": pytest.approx(expected, abs=1e-14), "alpha": 2.0, "pairs": 50}
+    with pytest.raises(ValueError, match="row 3 has zero length"):
+        alignment(x, np.where(np.arange(50)[:, None] == 3, 0.0, y))
