@@ -64,11 +64,15 @@ class CorrectionEstimator(Estimator, _CorrectionParams, DefaultParamsReadable, D
 
     def _fit(self, dataset: DataFrame) -> "CorrectionModel":
         col = self.getInputCol()
-        vectors = as_double_array(dataset.select(col), col)
+        vectors = self._input_vectors(dataset, col)
         d = infer_dimension(vectors, col)
         transform, n = self._fit_transform(vectors, col, d)
         model = self.model_class(transform, n=n)
         return self._copyValues(model)
+
+    def _input_vectors(self, dataset: DataFrame, col: str) -> DataFrame:
+        """The one column ``col`` of ``dataset`` as ``_fit_transform`` reads it (here: ``array<double>``)."""
+        return as_double_array(dataset.select(col), col)
 
     def _fit_transform(self, vectors: DataFrame, col: str, d: int) -> tuple[FittedTransform, int]:
         """Fit on ``vectors`` (column ``col`` array<double> of length d) → (transform, vectors used)."""

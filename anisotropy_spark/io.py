@@ -57,19 +57,25 @@ def latest_delta_version(spark: SparkSession, path: str) -> int:
     return int(DeltaTable.forPath(spark, path).history(1).select("version").first()[0])
 
 
-def as_double_array(df: DataFrame, vector_col: str) -> DataFrame:
-    """Return ``df`` with ``vector_col`` as ``array<double>``; accepts array<float|double> or VectorUDT."""
+def as_array_column(df: DataFrame, vector_col: str) -> DataFrame:
+    """Return ``df`` with ``vector_col`` as an array column: ``array<float>`` and ``array<double>`` unchanged
+    (no JVM-side copy), VectorUDT as ``array<double>``; any other type raises ValueError naming it."""
     if vector_col not in df.columns:
         raise ValueError(f"vector column {vector_col!r} not found; columns are {df.columns}")
     dtype = df.schema[vector_col].dataType
     if isinstance(dtype, VectorUDT):
         return df.withColumn(vector_col, vector_to_array(F.col(vector_col), "float64"))
     if isinstance(dtype, ArrayType) and isinstance(dtype.elementType, (FloatType, DoubleType)):
-        return df.withColumn(vector_col, F.col(vector_col).cast(ArrayType(DoubleType())))
+        return df
     raise ValueError(
         f"vector column {vector_col!r} has type {dtype.simpleString()}; expected array<float>, "
         "array<double> or VectorUDT"
     )
+
+
+def as_double_array(df: DataFrame, vector_col: str) -> DataFrame:
+    """Return ``df`` with ``vector_col`` as ``array<double>``; accepts array<float|double> or VectorUDT."""
+    return as_array_column(df, vector_col).withColumn(vector_col, F.col(vector_col).cast(ArrayType(DoubleType())))
 
 
 def infer_dimension(df: DataFrame, vector_col: str) -> int:
