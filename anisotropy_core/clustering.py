@@ -156,11 +156,12 @@ class ClusterState:
         if x.shape[0] == 0:
             return cls.empty(k, d)
         ids, dist = assign(x, centroids, metric, x_sq)
-        w = np.ones(x.shape[0]) if weights is None else np.asarray(weights, dtype=np.float64)
+        w = None if weights is None else np.asarray(weights, dtype=np.float64)
         sums = _grouped_sum(k, ids, x, w)
         counts = np.bincount(ids, weights=w, minlength=k).astype(np.float64)
         order = _farthest(dist, x, k)
-        return cls(sums, counts, float(np.dot(w, dist)), x[order].copy(), dist[order].copy())
+        inertia = float(dist.sum() if w is None else np.dot(w, dist))
+        return cls(sums, counts, inertia, x[order].copy(), dist[order].copy())
 
     def merge(self, other: "ClusterState") -> "ClusterState":
         """Combine two states over disjoint rows (associative, commutative up to rounding)."""
@@ -192,20 +193,16 @@ class ClusterState:
         return cls(sums.copy(), counts.copy(), float(flat[3]), body.reshape(m, d).copy(), far_dist.copy())
 
 
-GROUPED_SUM_CHUNK = 1 << 22   # elements of the (k, rows) one-hot matrix built at a time (32 MiB)
-
-
-def _grouped_sum(k: int, ids: np.ndarray, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """(k, d) float64 per-cluster Σ w·x of rows ``x`` (B, d) with cluster ids (B,): a weighted float64 one-hot
-    (k, b) matrix times the rows, one float64 GEMM per chunk of b = max(1, 2²² / k) rows (bounded memory,
-    BLAS speed, float64 accumulation for float32 rows too)."""
+def _grouped_sum(k: int, ids: np.ndarray, x: np.ndarray, w: np.ndarray | None) -> np.ndarray:
+    """(k, d) float64 per-cluster Σ w·x of rows ``x`` (B, d) with cluster ids (B,) and optional weights (B,):
+    the rows sorted by cluster (stable), then one ``np.add.reduceat`` accumulating in float64 (float32 rows
+    too). Memory: one (B, d) copy."""
+    order = np.argsort(ids, kind="stable")
+    counts = np.bincount(ids, minlength=k)
+    live = counts > 0
+    rows = x[order] if w is None else x[order] * w[order, None]
     out = np.zeros((k, x.shape[1]))
-    step = max(1, GROUPED_SUM_CHUNK // k)
-    for start in range(0, x.shape[0], step):
-        stop = min(start + step, x.shape[0])
-        onehot = np.zeros((k, stop - start))
-        onehot[ids[start:stop], np.arange(stop - start)] = w[start:stop]
-        out += onehot @ x[start:stop]
+    out[live] = np.add.reduceat(rows, (np.cumsum(counts) - counts)[live], axis=0, dtype=np.float64)
     return out
 
 
@@ -380,12 +377,14 @@ class RowSample:
     size: int
 
     @classmethod
-    def of_rows(cls, x: np.ndarray, rng: np.random.Generator, partition: int, first_row: int,
-                size: int) -> "RowSample":
-        """Sample of rows ``x`` (B, d) of ``partition`` starting at row ``first_row``; keys drawn from ``rng``."""
+    def of_rows(cls, x: np.ndarray, rng: np.random.Generator, partition: int, first_row: int, size: int,
+                below: float = 1.0) -> "RowSample":
+        """Sample of rows ``x`` (B, d) of ``partition`` starting at row ``first_row``: keys drawn from ``rng``
+        (one per row, in order), only rows with key < ``below`` kept (see :func:`sample_threshold`)."""
         keys = rng.random(x.shape[0])
-        origin = np.stack([np.full(x.shape[0], partition), first_row + np.arange(x.shape[0])], axis=1)
-        return cls._smallest(keys, x, origin, x.shape[0], size)
+        kept = np.flatnonzero(keys < below)
+        origin = np.stack([np.full(kept.size, partition), first_row + kept], axis=1)
+        return cls._smallest(keys[kept], x[kept], origin, x.shape[0], size)
 
     @classmethod
     def _smallest(cls, keys: np.ndarray, rows: np.ndarray, origin: np.ndarray, n: int, size: int) -> "RowSample":
@@ -400,6 +399,11 @@ class RowSample:
         return self._smallest(np.concatenate([self.keys, other.keys]), np.concatenate([self.rows, other.rows]),
                               np.concatenate([self.origin, other.origin]), self.n + other.n, self.size)
 
+    @property
+    def complete(self) -> bool:
+        """True when it holds the ``min(n, size)`` smallest keys (False only if a ``below`` bound was too low)."""
+        return len(self.keys) == min(self.n, self.size)
+
     def partitions(self, count: int) -> list[np.ndarray]:
         """The whole table as ``count`` per-partition (n_p, d) matrices in row order (needs ``n ≤ size``)."""
         if self.n > len(self.keys):
@@ -407,6 +411,13 @@ class RowSample:
         order = np.lexsort((self.origin[:, 1], self.origin[:, 0]))
         rows, owner = self.rows[order], self.origin[order, 0]
         return [rows[owner == p] for p in range(count)]
+
+
+def sample_threshold(n: int, size: int) -> float:
+    """Key bound ``below`` for a :class:`RowSample` of ``size`` of ``n`` rows: the number of keys under it is
+    Binomial(n, below) with mean size + 8·√size + 64, so it holds the ``size`` smallest keys except with
+    probability < 1e-15 (then the sample is not :attr:`~RowSample.complete` and is drawn again with 1)."""
+    return 1.0 if n <= size else min(1.0, (size + 8.0 * np.sqrt(size) + 64.0) / n)
 
 
 def sample_partitions(parts: Sequence[np.ndarray], seed: int, size: int) -> RowSample:

@@ -35,7 +35,8 @@ from anisotropy_core.clustering import (DEFAULT_INIT_STEPS, DEFAULT_MAX_ITER, DE
                                         DEFAULT_REFINE_PASSES, DEFAULT_SAMPLE_SIZE, DEFAULT_TOL, SAMPLE_ROUND,
                                         ClusterRecenter, ClusterState, KMeansResult, RowSample, assign,
                                         check_metric, cluster_diagnostics, cluster_moments, kmeans_info,
-                                        merge_cluster_moments, partition_rng, prepare, sampled_kmeans)
+                                        merge_cluster_moments, partition_rng, prepare, sample_threshold,
+                                        sampled_kmeans)
 from anisotropy_core.moments import Moments
 
 from .arrow import batch_matrix
@@ -62,18 +63,28 @@ def partition_states(vectors: DataFrame, vector_col: str, dimension: int, fold: 
     return vectors.select(vector_col).mapInArrow(run, "state binary").rdd.map(lambda row: pickle.loads(row[0]))
 
 
-def sample_pass(vectors: DataFrame, vector_col: str, dimension: int, seed: int, size: int) -> RowSample:
-    """Uniform :class:`RowSample` of at most ``size`` rows (and the row count) of the table, one read."""
+def sample_pass(vectors: DataFrame, vector_col: str, dimension: int, seed: int, size: int,
+                n: int | None = None) -> RowSample:
+    """Uniform :class:`RowSample` of at most ``size`` rows of the table (the ``size`` smallest keys).
 
-    def fold(batches: Iterator[np.ndarray], partition: int) -> RowSample:
-        rng = partition_rng(seed, SAMPLE_ROUND, partition)
-        sample, row = None, 0
-        for x in batches:
-            batch = RowSample.of_rows(x, rng, partition, row, size)
-            sample, row = batch if sample is None else sample.merge(batch), row + x.shape[0]
-        return sample if sample is not None else RowSample.of_rows(np.zeros((0, dimension)), rng, partition, 0, size)
+    ``n``: the row count (default: ``vectors.count()``, a JVM-side pass). Each task keeps only its rows with
+    keys under :func:`sample_threshold` — about size·n_p/n rows, so little more than ``size`` rows travel
+    in all — and the partition samples are tree-reduced. Should the bound miss (probability < 1e-15, or a
+    wrong ``n``), the pass is repeated without it, so the result is always the exact sample."""
+    n = vectors.count() if n is None else n
 
-    return partition_states(vectors, vector_col, dimension, fold).treeReduce(RowSample.merge, depth=TREE_DEPTH)
+    def draw(below: float) -> RowSample:
+        def fold(batches: Iterator[np.ndarray], partition: int) -> RowSample:
+            rng = partition_rng(seed, SAMPLE_ROUND, partition)
+            sample = RowSample.of_rows(np.zeros((0, dimension)), rng, partition, 0, size)
+            for x in batches:
+                sample = sample.merge(RowSample.of_rows(x, rng, partition, sample.n, size, below))
+            return sample
+
+        return partition_states(vectors, vector_col, dimension, fold).treeReduce(RowSample.merge, depth=TREE_DEPTH)
+
+    sample = draw(sample_threshold(n, size))
+    return sample if sample.complete else draw(1.0)
 
 
 def assignment_pass(vectors: DataFrame, vector_col: str, dimension: int, centroids: np.ndarray,
