@@ -34,7 +34,7 @@ DEFAULT_TOL = 1e-4          # relative inertia change below which Lloyd iteratio
 DEFAULT_INIT_STEPS = 2      # k-means|| rounds (Spark ML's default initSteps)
 DEFAULT_OVERSAMPLING = 2.0  # k-means|| expected candidates per round = oversampling · k
 LOCAL_MAX_ITER = 30         # weighted Lloyd iterations on the k-means|| candidates (as Spark ML)
-DEFAULT_SAMPLE_SIZE = 1 << 16   # rows k-means is fitted on in one process before the full-table passes
+DEFAULT_SAMPLE_SIZE = 1 << 15   # rows k-means is fitted on in one process before the full-table passes
 DEFAULT_REFINE_PASSES = 2       # full-table Lloyd passes that finish a sample fit
 SAMPLE_ROUND = 1 << 20         # partition_rng round of the uniform sample keys (above any k-means|| round)
 
@@ -384,10 +384,12 @@ class RowSample:
         keys = rng.random(x.shape[0])
         kept = np.flatnonzero(keys < below)
         origin = np.stack([np.full(kept.size, partition), first_row + kept], axis=1)
-        return cls._smallest(keys[kept], x[kept], origin, x.shape[0], size)
+        return cls.of_candidates(keys[kept], x[kept], origin, x.shape[0], size)
 
     @classmethod
-    def _smallest(cls, keys: np.ndarray, rows: np.ndarray, origin: np.ndarray, n: int, size: int) -> "RowSample":
+    def of_candidates(cls, keys: np.ndarray, rows: np.ndarray, origin: np.ndarray, n: int, size: int) -> "RowSample":
+        """Sample of ``n`` rows from candidate ``keys`` (m,), ``rows`` (m, d), ``origin`` (m, 2): the ``size``
+        smallest keys (ties by origin)."""
         order = np.lexsort((origin[:, 1], origin[:, 0], keys))[:size]
         return cls(keys[order], rows[order], origin[order].astype(np.int64), n, size)
 
@@ -396,7 +398,7 @@ class RowSample:
         if not len(other.keys) or not len(self.keys):
             kept = other if len(other.keys) else self
             return RowSample(kept.keys, kept.rows, kept.origin, self.n + other.n, self.size)
-        return self._smallest(np.concatenate([self.keys, other.keys]), np.concatenate([self.rows, other.rows]),
+        return self.of_candidates(np.concatenate([self.keys, other.keys]), np.concatenate([self.rows, other.rows]),
                               np.concatenate([self.origin, other.origin]), self.n + other.n, self.size)
 
     @property

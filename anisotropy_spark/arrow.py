@@ -28,9 +28,9 @@ def batch_matrix(batch: pa.RecordBatch, vector_col: str, dimension: int,
     return values[start:start + len(column) * dimension].reshape(len(column), dimension)
 
 
-def matrix_column(matrix: np.ndarray) -> pa.Array:
-    """Arrow ``list<double>`` array from a (B, d) float matrix, one list per row."""
-    matrix = np.ascontiguousarray(matrix, dtype=np.float64)
+def matrix_column(matrix: np.ndarray, dtype: type = np.float64) -> pa.Array:
+    """Arrow ``list<double>`` (``dtype`` float32: ``list<float>``) array from a (B, d) matrix, one list per row."""
+    matrix = np.ascontiguousarray(matrix, dtype=dtype)
     rows, d = matrix.shape
     offsets = pa.array(np.arange(0, (rows + 1) * d, d, dtype=np.int32))
     return pa.ListArray.from_arrays(offsets, pa.array(matrix.ravel()))

@@ -39,7 +39,7 @@ from anisotropy_core.clustering import (DEFAULT_INIT_STEPS, DEFAULT_MAX_ITER, DE
                                         sampled_kmeans)
 from anisotropy_core.moments import Moments
 
-from .arrow import batch_matrix
+from .arrow import batch_matrix, matrix_column
 from .estimators import BatchOutputs, CorrectionEstimator, CorrectionModel, register_model_class
 from .io import as_array_column, infer_dimension
 
@@ -68,20 +68,31 @@ def sample_pass(vectors: DataFrame, vector_col: str, dimension: int, seed: int, 
     """Uniform :class:`RowSample` of at most ``size`` rows of the table (the ``size`` smallest keys).
 
     ``n``: the row count (default: ``vectors.count()``, a JVM-side pass). Each task keeps only its rows with
-    keys under :func:`sample_threshold` — about size·n_p/n rows, so little more than ``size`` rows travel
-    in all — and the partition samples are tree-reduced. Should the bound miss (probability < 1e-15, or a
-    wrong ``n``), the pass is repeated without it, so the result is always the exact sample."""
+    keys under :func:`sample_threshold` (at most ``size`` of them) and returns them as Arrow rows
+    (key, partition, row, vector in its own element type), collected with ``toArrow``: little more than
+    ``size`` rows travel in all. Should the bound miss (probability < 1e-15, or a wrong ``n``), the pass is
+    repeated without it, so the result is always the exact sample."""
     n = vectors.count() if n is None else n
+    element = vectors.schema[vector_col].dataType.elementType.simpleString()      # float | double
+    dtype = np.float32 if element == "float" else np.float64
 
     def draw(below: float) -> RowSample:
-        def fold(batches: Iterator[np.ndarray], partition: int) -> RowSample:
+        def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            partition = TaskContext.get().partitionId()
             rng = partition_rng(seed, SAMPLE_ROUND, partition)
-            sample = RowSample.of_rows(np.zeros((0, dimension)), rng, partition, 0, size)
-            for x in batches:
+            sample = RowSample.of_rows(np.zeros((0, dimension), dtype), rng, partition, 0, size)
+            for batch in batches:
+                x = batch_matrix(batch, vector_col, dimension, dtype=None)
                 sample = sample.merge(RowSample.of_rows(x, rng, partition, sample.n, size, below))
-            return sample
+            yield pa.RecordBatch.from_pydict({
+                "key": sample.keys, "partition": sample.origin[:, 0].astype(np.int32), "row": sample.origin[:, 1],
+                vector_col: matrix_column(sample.rows, dtype)})
 
-        return partition_states(vectors, vector_col, dimension, fold).treeReduce(RowSample.merge, depth=TREE_DEPTH)
+        table = vectors.select(vector_col).mapInArrow(
+            run, f"key double, partition int, row long, {vector_col} array<{element}>").toArrow()
+        origin = np.stack([table.column("partition").to_numpy(), table.column("row").to_numpy()], axis=1)
+        return RowSample.of_candidates(table.column("key").to_numpy(), batch_matrix(table, vector_col, dimension,
+                                                                                      dtype=None), origin, n, size)
 
     sample = draw(sample_threshold(n, size))
     return sample if sample.complete else draw(1.0)

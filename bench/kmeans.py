@@ -90,19 +90,18 @@ def run(args: argparse.Namespace) -> dict:
     if not args.skip_spark_ml:
         runs["spark_ml"] = run_spark_ml
     fit_kmeans(spark.read.parquet(args.data).limit(1000), "vector", 2, dimension=args.d)   # warm-up: workers
-    seconds, centroids = {}, {}
-    for name, fit in runs.items():
-        start = time.perf_counter()
-        centroids[name] = fit()
-        seconds[name] = time.perf_counter() - start
-    x = load_matrix(args.data, args.d)
-    costs = {name: inertia(x, c) for name, c in centroids.items()}
+    x = load_matrix(args.data, args.d)              # for the inertia evaluation only, outside the timings
     n = x.shape[0]
-    print(f"k-means {n:,} × {args.d} float32, k = {args.k}, {args.iters} Lloyd iterations, {args.master}")
-    for name in runs:
+    print(f"k-means {n:,} × {args.d} float32, k = {args.k}, {args.iters} Lloyd iterations, {args.master}", flush=True)
+    seconds, costs = {}, {}
+    for name, fit in runs.items():                  # one line per run as soon as it is done
+        start = time.perf_counter()
+        centroids = fit()
+        seconds[name] = time.perf_counter() - start
+        costs[name] = inertia(x, centroids)
         print(f"{name:9s} {seconds[name]:8.2f} s  {n / seconds[name]:10,.0f} rows/s  time ratio to faiss "
               f"{seconds[name] / seconds['faiss']:.2f}  inertia {costs[name]:,.1f} "
-              f"({costs[name] / costs['faiss'] - 1:+.3%} vs faiss)")
+              f"({costs[name] / costs['faiss'] - 1:+.3%} vs faiss)", flush=True)
     print(f"target ours ≤ 2× faiss: {seconds['ours'] / seconds['faiss']:.2f}×")
     print(f"target inertia ours ≤ +0.5 % of faiss: {costs['ours'] / costs['faiss'] - 1:+.3%}")
     if "spark_ml" in runs:
