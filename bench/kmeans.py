@@ -30,7 +30,6 @@ import pathlib
 import time
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from anisotropy_core.clustering import distances
