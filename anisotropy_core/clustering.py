@@ -34,6 +34,9 @@ DEFAULT_TOL = 1e-4          # relative inertia change below which Lloyd iteratio
 DEFAULT_INIT_STEPS = 2      # k-means|| rounds (Spark ML's default initSteps)
 DEFAULT_OVERSAMPLING = 2.0  # k-means|| expected candidates per round = oversampling · k
 LOCAL_MAX_ITER = 30         # weighted Lloyd iterations on the k-means|| candidates (as Spark ML)
+DEFAULT_SAMPLE_SIZE = 1 << 15   # rows k-means is fitted on in one process before the full-table passes
+DEFAULT_REFINE_PASSES = 2       # full-table Lloyd passes that finish a sample fit
+SAMPLE_ROUND = 1 << 20         # partition_rng round of the uniform sample keys (above any k-means|| round)
 
 
 def check_metric(metric: str) -> str:
@@ -43,12 +46,15 @@ def check_metric(metric: str) -> str:
 
 
 def prepare(vectors: np.ndarray, metric: str) -> np.ndarray:
-    """(B, d) float64 copy of ``vectors`` ready for assignment: unit rows for cosine, as-is for Euclidean.
+    """(B, d) copy of ``vectors`` ready for assignment: unit rows for cosine, as-is for Euclidean. float32
+    rows stay float32 (the distance GEMM then runs in float32), anything else becomes float64.
 
     Raises :class:`InvalidVectorsError` on NaN/Inf (either metric) or a zero row (cosine), so an invalid
     vector can never turn a centroid into NaN.
     """
-    x = np.asarray(vectors, dtype=np.float64)
+    x = np.asarray(vectors)
+    if x.dtype != np.float32:
+        x = x.astype(np.float64, copy=False)
     if x.ndim != 2:
         raise ValueError(f"expected a (B, d) matrix, got shape {x.shape}")
     finite = np.isfinite(x).all(axis=1)
@@ -64,18 +70,19 @@ def prepare(vectors: np.ndarray, metric: str) -> np.ndarray:
 
 
 def row_norms_squared(x: np.ndarray) -> np.ndarray:
-    """(B,) ‖x_i‖² of the rows of ``x`` (B, d); computed once per block and passed to :func:`distances`."""
-    return np.einsum("ij,ij->i", x, x)
+    """(B,) float64 ‖x_i‖² of the rows of ``x`` (B, d), accumulated in float64 for float32 rows too."""
+    return np.einsum("ij,ij->i", x, x, dtype=np.float64)
 
 
 def distances(x: np.ndarray, centroids: np.ndarray, metric: str, x_sq: np.ndarray | None = None) -> np.ndarray:
-    """(B, k) distances of prepared rows ``x`` (B, d) to ``centroids`` (k, d), one float64 GEMM.
+    """(B, k) float64 distances of prepared rows ``x`` (B, d) to ``centroids`` (k, d), one GEMM in the rows'
+    precision (float32 rows: a float32 GEMM, the fast kernel; the rest is float64).
 
     Euclidean: ‖x‖² − 2 x·c + ‖c‖², clipped at 0 against cancellation; ``x_sq`` (B,) optional precomputed
     :func:`row_norms_squared` of ``x`` (same numbers, not recomputed every pass). Cosine (unit x and c):
     1 − x·c.
     """
-    out = x @ centroids.T
+    out = (x @ centroids.T.astype(x.dtype, copy=False)).astype(np.float64, copy=False)
     if metric == "cosine":
         np.subtract(1.0, out, out=out)
         return np.clip(out, 0.0, 2.0, out=out)
@@ -149,11 +156,12 @@ class ClusterState:
         if x.shape[0] == 0:
             return cls.empty(k, d)
         ids, dist = assign(x, centroids, metric, x_sq)
-        w = np.ones(x.shape[0]) if weights is None else np.asarray(weights, dtype=np.float64)
+        w = None if weights is None else np.asarray(weights, dtype=np.float64)
         sums = _grouped_sum(k, ids, x, w)
         counts = np.bincount(ids, weights=w, minlength=k).astype(np.float64)
         order = _farthest(dist, x, k)
-        return cls(sums, counts, float(np.dot(w, dist)), x[order].copy(), dist[order].copy())
+        inertia = float(dist.sum() if w is None else np.dot(w, dist))
+        return cls(sums, counts, inertia, x[order].copy(), dist[order].copy())
 
     def merge(self, other: "ClusterState") -> "ClusterState":
         """Combine two states over disjoint rows (associative, commutative up to rounding)."""
@@ -185,19 +193,16 @@ class ClusterState:
         return cls(sums.copy(), counts.copy(), float(flat[3]), body.reshape(m, d).copy(), far_dist.copy())
 
 
-GROUPED_SUM_CHUNK = 1 << 22   # elements of the (k, rows) one-hot matrix built at a time (32 MiB)
-
-
-def _grouped_sum(k: int, ids: np.ndarray, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """(k, d) per-cluster Σ w·x of rows ``x`` (B, d) with cluster ids (B,): a weighted one-hot (k, b) matrix
-    times the rows, one GEMM per chunk of b = max(1, 2²² / k) rows (bounded memory, BLAS speed)."""
+def _grouped_sum(k: int, ids: np.ndarray, x: np.ndarray, w: np.ndarray | None) -> np.ndarray:
+    """(k, d) float64 per-cluster Σ w·x of rows ``x`` (B, d) with cluster ids (B,) and optional weights (B,):
+    the rows sorted by cluster (stable), then one ``np.add.reduceat`` accumulating in float64 (float32 rows
+    too). Memory: one (B, d) copy."""
+    order = np.argsort(ids, kind="stable")
+    counts = np.bincount(ids, minlength=k)
+    live = counts > 0
+    rows = x[order] if w is None else x[order] * w[order, None]
     out = np.zeros((k, x.shape[1]))
-    step = max(1, GROUPED_SUM_CHUNK // k)
-    for start in range(0, x.shape[0], step):
-        stop = min(start + step, x.shape[0])
-        onehot = np.zeros((k, stop - start))
-        onehot[ids[start:stop], np.arange(stop - start)] = w[start:stop]
-        out += onehot @ x[start:stop]
+    out[live] = np.add.reduceat(rows, (np.cumsum(counts) - counts)[live], axis=0, dtype=np.float64)
     return out
 
 
@@ -352,20 +357,84 @@ def kmeans_parallel_init(first_centre: Callable[[], np.ndarray], run_pass: PassF
     return local.centroids
 
 
-def kmeans(data: np.ndarray | Sequence[np.ndarray], k: int, metric: str = "euclidean", seed: int = 0,
-           max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL, init: np.ndarray | None = None,
-           init_steps: int = DEFAULT_INIT_STEPS, oversampling: float = DEFAULT_OVERSAMPLING) -> KMeansResult:
-    """Numpy reference k-means (k-means|| init + Lloyd), deterministic given ``seed``.
+@dataclass
+class RowSample:
+    """Mergeable uniform sample of at most ``size`` rows: the rows with the smallest uniform keys.
 
-    ``data``: an (n, d) array or a sequence of (n_p, d) partitions — given the partitions of a Spark
-    DataFrame, this reproduces ``anisotropy_spark.kmeans.fit_kmeans`` on it. ``init``: optional (k, d)
-    starting centroids (skips k-means||; rows are normalised for cosine).
+    Every row of partition p gets the next key of ``partition_rng(seed, SAMPLE_ROUND, p)`` in row order, so
+    the sample depends on the seed and the partitioning only (never on batch boundaries or merge order).
+
+    * ``keys``   — (m,) keys of the kept rows, ascending (m ≤ size),
+    * ``rows``   — (m, d) the kept rows as read (float32 stays float32),
+    * ``origin`` — (m, 2) int64 (partition, row index within the partition) of each kept row,
+    * ``n``      — rows seen; when ``n ≤ size`` the sample is the whole table (:meth:`partitions`).
     """
-    check_metric(metric)
-    parts = [data] if isinstance(data, np.ndarray) else list(data)
-    parts = [prepare(p, metric) for p in parts]
-    if k < 1 or k > sum(p.shape[0] for p in parts):
-        raise ValueError(f"k must be between 1 and the number of rows, got k={k}")
+
+    keys: np.ndarray
+    rows: np.ndarray
+    origin: np.ndarray
+    n: int
+    size: int
+
+    @classmethod
+    def of_rows(cls, x: np.ndarray, rng: np.random.Generator, partition: int, first_row: int, size: int,
+                below: float = 1.0) -> "RowSample":
+        """Sample of rows ``x`` (B, d) of ``partition`` starting at row ``first_row``: keys drawn from ``rng``
+        (one per row, in order), only rows with key < ``below`` kept (see :func:`sample_threshold`)."""
+        keys = rng.random(x.shape[0])
+        kept = np.flatnonzero(keys < below)
+        origin = np.stack([np.full(kept.size, partition), first_row + kept], axis=1)
+        return cls.of_candidates(keys[kept], x[kept], origin, x.shape[0], size)
+
+    @classmethod
+    def of_candidates(cls, keys: np.ndarray, rows: np.ndarray, origin: np.ndarray, n: int, size: int) -> "RowSample":
+        """Sample of ``n`` rows from candidate ``keys`` (m,), ``rows`` (m, d), ``origin`` (m, 2): the ``size``
+        smallest keys (ties by origin)."""
+        order = np.lexsort((origin[:, 1], origin[:, 0], keys))[:size]
+        return cls(keys[order], rows[order], origin[order].astype(np.int64), n, size)
+
+    def merge(self, other: "RowSample") -> "RowSample":
+        """Sample of the union of two disjoint row sets (associative and commutative)."""
+        if not len(other.keys) or not len(self.keys):
+            kept = other if len(other.keys) else self
+            return RowSample(kept.keys, kept.rows, kept.origin, self.n + other.n, self.size)
+        return self.of_candidates(np.concatenate([self.keys, other.keys]), np.concatenate([self.rows, other.rows]),
+                              np.concatenate([self.origin, other.origin]), self.n + other.n, self.size)
+
+    @property
+    def complete(self) -> bool:
+        """True when it holds the ``min(n, size)`` smallest keys (False only if a ``below`` bound was too low)."""
+        return len(self.keys) == min(self.n, self.size)
+
+    def partitions(self, count: int) -> list[np.ndarray]:
+        """The whole table as ``count`` per-partition (n_p, d) matrices in row order (needs ``n ≤ size``)."""
+        if self.n > len(self.keys):
+            raise ValueError(f"the sample holds {len(self.keys)} of {self.n} rows, not the whole table")
+        order = np.lexsort((self.origin[:, 1], self.origin[:, 0]))
+        rows, owner = self.rows[order], self.origin[order, 0]
+        return [rows[owner == p] for p in range(count)]
+
+
+def sample_threshold(n: int, size: int) -> float:
+    """Key bound ``below`` for a :class:`RowSample` of ``size`` of ``n`` rows: the number of keys under it is
+    Binomial(n, below) with mean size + 8·√size + 64, so it holds the ``size`` smallest keys except with
+    probability < 1e-15 (then the sample is not :attr:`~RowSample.complete` and is drawn again with 1)."""
+    return 1.0 if n <= size else min(1.0, (size + 8.0 * np.sqrt(size) + 64.0) / n)
+
+
+def sample_partitions(parts: Sequence[np.ndarray], seed: int, size: int) -> RowSample:
+    """:class:`RowSample` of in-memory partitions ``parts`` (each (n_p, d)), as the Spark sample pass draws it."""
+    d = parts[0].shape[1]
+    sample = RowSample(np.zeros(0), np.zeros((0, d)), np.zeros((0, 2), dtype=np.int64), 0, size)
+    for p, x in enumerate(parts):
+        sample = sample.merge(RowSample.of_rows(x, partition_rng(seed, SAMPLE_ROUND, p), p, 0, size))
+    return sample
+
+
+def in_memory_passes(parts: Sequence[np.ndarray], metric: str, seed: int) -> tuple[
+        Callable[[], np.ndarray], PassFn, Callable[[np.ndarray, float, int], np.ndarray]]:
+    """``(first_centre, run_pass, oversample)`` of :func:`kmeans_parallel_init` / :func:`lloyd` over prepared
+    in-memory partitions ``parts`` (each (n_p, d)), partition ``i`` drawing from ``partition_rng(seed, ·, i)``."""
     squares = [row_norms_squared(p) for p in parts]
 
     def run_pass(centroids: np.ndarray) -> ClusterState:
@@ -382,11 +451,73 @@ def kmeans(data: np.ndarray | Sequence[np.ndarray], k: int, metric: str = "eucli
         return np.concatenate([oversample(p, centroids, metric, scale, partition_rng(seed, round_, i))
                                for i, p in enumerate(parts)])
 
-    if init is None:
-        start = kmeans_parallel_init(first_centre, run_pass, sample, k, metric, seed, init_steps, oversampling)
+    return first_centre, run_pass, sample
+
+
+def start_centroids(parts: Sequence[np.ndarray], k: int, metric: str, seed: int, init: np.ndarray | None,
+                    init_steps: int, oversampling: float) -> np.ndarray:
+    """(k, d) Lloyd start for prepared in-memory ``parts``: ``init`` (prepared) or k-means|| on the parts."""
+    if init is not None:
+        start = prepare(init, metric).astype(np.float64)
     else:
-        start = prepare(init, metric)
-    return lloyd(run_pass, start, metric, max_iter, tol)
+        first_centre, run_pass, sample = in_memory_passes(parts, metric, seed)
+        start = kmeans_parallel_init(first_centre, run_pass, sample, k, metric, seed, init_steps, oversampling)
+    if start.shape != (k, parts[0].shape[1]):
+        raise ValueError(f"initial centroids have shape {start.shape}, expected {(k, parts[0].shape[1])}")
+    return start
+
+
+def sampled_kmeans(sample: RowSample, partition_count: int, full_pass: PassFn, k: int, metric: str, seed: int,
+                   max_iter: int, tol: float, init: np.ndarray | None, init_steps: int, oversampling: float,
+                   refine_passes: int) -> KMeansResult:
+    """k-means of a whole table from its :class:`RowSample` and a full-table pass ``full_pass``.
+
+    * The sample is the whole table (n ≤ sample size): exact k-means|| + Lloyd of its ``partition_count``
+      partitions, in this process (what :func:`kmeans` always computed).
+    * Otherwise: k-means|| start and ``max_iter − r`` Lloyd updates on the sample in this process, then
+      r = min(``refine_passes``, ``max_iter``) Lloyd passes over the whole table, so the returned centroids,
+      counts and inertia are those of the whole table (``history``: the full passes' inertia). ``n_iter``
+      counts the Lloyd updates on the sample plus the full passes, at most ``max_iter`` in all.
+    """
+    if max_iter < 1:
+        raise ValueError(f"max_iter must be ≥ 1, got {max_iter}")
+    if not 1 <= k <= sample.n:
+        raise ValueError(f"k must be between 1 and the number of rows ({sample.n}), got k={k}")
+    if sample.n <= sample.size:
+        parts = [prepare(p, metric) for p in sample.partitions(partition_count)]
+        start = start_centroids(parts, k, metric, seed, init, init_steps, oversampling)
+        return lloyd(in_memory_passes(parts, metric, seed)[1], start, metric, max_iter, tol)
+    if refine_passes < 1:
+        raise ValueError(f"refine_passes must be ≥ 1 when the table exceeds the sample, got {refine_passes}")
+    full = min(refine_passes, max_iter)
+    rows = [prepare(sample.rows, metric)]
+    start = start_centroids(rows, k, metric, seed, init, init_steps, oversampling)
+    updates = 0
+    if max_iter > full:     # one extra sample pass, so that its update is not lost
+        local = lloyd(in_memory_passes(rows, metric, seed)[1], start, metric, max_iter - full + 1, tol)
+        start, updates = local.centroids, local.n_iter - 1
+    result = lloyd(full_pass, start, metric, full, tol)
+    result.n_iter += updates
+    return result
+
+
+def kmeans(data: np.ndarray | Sequence[np.ndarray], k: int, metric: str = "euclidean", seed: int = 0,
+           max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL, init: np.ndarray | None = None,
+           init_steps: int = DEFAULT_INIT_STEPS, oversampling: float = DEFAULT_OVERSAMPLING,
+           sample_size: int = DEFAULT_SAMPLE_SIZE, refine_passes: int = DEFAULT_REFINE_PASSES) -> KMeansResult:
+    """Numpy reference k-means, deterministic given ``seed``: :func:`sampled_kmeans` over in-memory data.
+
+    ``data``: an (n, d) array or a sequence of (n_p, d) partitions — given the partitions of a Spark
+    DataFrame, this reproduces ``anisotropy_spark.kmeans.fit_kmeans`` on it. Up to ``sample_size`` rows it
+    is exact k-means|| + Lloyd; above, a sample fit finished by ``refine_passes`` full passes. ``init``:
+    optional (k, d) starting centroids (skips k-means||; rows are normalised for cosine).
+    """
+    check_metric(metric)
+    parts = [data] if isinstance(data, np.ndarray) else list(data)
+    prepared = [prepare(p, metric) for p in parts]
+    full_pass = in_memory_passes(prepared, metric, seed)[1]
+    return sampled_kmeans(sample_partitions(parts, seed, sample_size), len(parts), full_pass, k, metric, seed,
+                          max_iter, tol, init, init_steps, oversampling, refine_passes)
 
 
 @register

@@ -5,9 +5,10 @@ import numpy as np
 import pyarrow as pa
 
 
-def batch_matrix(batch: pa.RecordBatch, vector_col: str, dimension: int) -> np.ndarray:
-    """(B, dimension) float64 matrix of a validated ``array<float|double>`` column of an Arrow batch
-    (float32 values are cast here, one batch at a time).
+def batch_matrix(batch: pa.RecordBatch, vector_col: str, dimension: int,
+                 dtype: type | None = np.float64) -> np.ndarray:
+    """(B, dimension) ``dtype`` view of a validated ``array<float|double>`` column of an Arrow batch
+    (``dtype=None``: the column's own element type, float32 or float64, without a copy).
 
     Raises ValueError naming the batch row if a vector is null or has another length, so a contract
     violation can never be silently reshaped into the wrong rows.
@@ -22,13 +23,13 @@ def batch_matrix(batch: pa.RecordBatch, vector_col: str, dimension: int) -> np.n
     if lengths.size and not (lengths == dimension).all():
         bad = int(np.argmax(lengths != dimension))
         raise ValueError(f"vector in column {vector_col!r} at batch row {bad} has length {lengths[bad]}, expected {dimension}")
-    values = np.asarray(column.values.to_numpy(zero_copy_only=False), dtype=np.float64)
+    values = np.asarray(column.values.to_numpy(zero_copy_only=False), dtype=dtype)
     start = offsets[0] if offsets.size else 0
     return values[start:start + len(column) * dimension].reshape(len(column), dimension)
 
 
 def matrix_column(matrix: np.ndarray, dtype: type = np.float64, valid: np.ndarray | None = None) -> pa.Array:
-    """Arrow ``list<float|double>`` (per ``dtype``) array from a (B, d) matrix, one list per row.
+    """Arrow ``list<double>`` (``dtype`` float32: ``list<float>``) array from a (B, d) matrix, one list per row.
 
     ``valid``: optional (N,) bool mask with B true entries; the result then has N rows, the matrix rows at the
     true entries and null lists elsewhere.

@@ -1,215 +1,164 @@
 """Distributed k-means and cluster-wise recentering on Spark (seed chapter 7, "the mean belongs to nobody").
 
-The vectors are converted once into an RDD of numpy blocks (:func:`vector_blocks`: each partition's rows,
-in order, as one or a few (B, d) float64 matrices with their prepared rows and ‖x‖²) and persisted for the
-whole fit. Every pass then maps the blocks with numpy BLAS into one small state per partition (no per-row
-Python, no Arrow conversion: the cached blocks reach the reused Python workers as pickled arrays) and
-combines the states with ``rdd.treeReduce`` (never Spark Accumulators, which double-count on task retry).
-The algorithms themselves — k-means|| initialisation, Lloyd iterations, empty-cluster re-seeding,
-convergence — are the numpy driver loops of :mod:`anisotropy_core.clustering`, so :func:`fit_kmeans`
-computes exactly what the numpy reference ``anisotropy_core.clustering.kmeans`` computes on the same
-partitions.
+Design (issue 9: within 2× faiss; issue 12: per-task memory independent of n):
 
-Randomness (k-means|| sampling) comes from one generator per (seed, round, partition id), so a fit is
-deterministic given the seed and the input's partitioning.
+1. **Sample pass** — one read of the table: each partition keeps the rows with the smallest uniform keys
+   (:class:`~anisotropy_core.clustering.RowSample`, at most ``sample_size`` × d per task) and counts its
+   rows; the partition samples are merged with ``treeReduce`` into a uniform sample on the driver.
+2. **Sample fit** — k-means|| and Lloyd on the sample in the driver process (numpy BLAS, float32 GEMM for
+   float32 rows), as faiss trains on a sample by default. When the table has at most ``sample_size`` rows
+   the sample *is* the table and this is the exact fit; nothing else runs.
+3. **Refinement** — ``refine_passes`` full Lloyd passes over the table (Arrow batches → numpy, float32
+   distance GEMM, float64 sums and inertia, states merged with ``treeReduce``), so the returned centroids,
+   sizes and inertia are those of the whole table.
+
+Nothing is cached: every pass re-reads the input (for Parquet/Delta a read is cheaper than keeping a
+float copy in the JVM and re-shipping it), so a task holds one Arrow batch plus its O(k·d + sample_size·d)
+state whatever n is. ``array<float>`` columns reach numpy as float32 without an ``array<double>`` copy on the
+JVM side. The driver loops are those of :mod:`anisotropy_core.clustering` (:func:`sampled_kmeans`), so
+:func:`fit_kmeans` computes exactly what the numpy reference ``anisotropy_core.clustering.kmeans`` computes
+on the same partitions, and a fit is deterministic given the seed and the input's partitioning.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, NamedTuple
+import pickle
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
-from pyspark import RDD, StorageLevel, keyword_only
+from pyspark import RDD, TaskContext, keyword_only
 from pyspark.sql import DataFrame
 from pyspark.sql.types import IntegerType, StructField
 
-from anisotropy_core.clustering import (DEFAULT_INIT_STEPS, DEFAULT_MAX_ITER, DEFAULT_OVERSAMPLING, DEFAULT_TOL,
-                                        ClusterRecenter, ClusterState, KMeansResult, assign, check_metric,
-                                        cluster_diagnostics, cluster_moments, first_centre_candidate,
-                                        kmeans_info, kmeans_parallel_init, lloyd, merge_cluster_moments,
-                                        oversample, partition_rng, prepare, row_norms_squared)
+from anisotropy_core.clustering import (DEFAULT_INIT_STEPS, DEFAULT_MAX_ITER, DEFAULT_OVERSAMPLING,
+                                        DEFAULT_REFINE_PASSES, DEFAULT_SAMPLE_SIZE, DEFAULT_TOL, SAMPLE_ROUND,
+                                        ClusterRecenter, ClusterState, KMeansResult, RowSample, assign,
+                                        check_metric, cluster_diagnostics, cluster_moments, kmeans_info,
+                                        merge_cluster_moments, partition_rng, prepare, sample_threshold,
+                                        sampled_kmeans)
 from anisotropy_core.moments import Moments
 
-from .arrow import batch_matrix
+from .arrow import batch_matrix, matrix_column
 from .estimators import BatchOutputs, CorrectionEstimator, CorrectionModel, register_estimator, register_model_class
-from .io import infer_dimension
+from .io import as_vector_array, infer_dimension
 from .params import _ClusterRecenterParams
 
-PACKED_SCHEMA = pa.schema([("packed", pa.binary())])
+STATE_SCHEMA = pa.schema([("state", pa.binary())])
 TREE_DEPTH = 2
-BLOCK_BYTES = 1 << 26       # a partition's rows are kept as blocks of at most 64 MiB (one block if smaller)
+
+Fold = Callable[[Iterator[np.ndarray], int], Any]
 
 
-def pack_vectors(df: DataFrame, vector_col: str, dimension: int) -> DataFrame:
-    """``packed binary`` DataFrame: each Arrow batch of ``vector_col`` (array<double>, length ``dimension``)
-    becomes one row holding its (B, d) float64 matrix as raw bytes, in the same partitions and row order."""
+def partition_states(vectors: DataFrame, vector_col: str, dimension: int, fold: Fold) -> RDD:
+    """One state per partition: ``fold(the partition's (B, d) batch matrices in row order, partition id)``.
+
+    ``vector_col`` is ``array<float>`` (batches arrive as float32) or ``array<double>`` (float64); the
+    batches come straight from Arrow, one at a time, and only the state leaves the task."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            if batch.num_rows:
-                payload = batch_matrix(batch, vector_col, dimension).tobytes()
-                yield pa.RecordBatch.from_pydict({"packed": [payload]}, schema=PACKED_SCHEMA)
+        matrices = (batch_matrix(b, vector_col, dimension, dtype=None) for b in batches if b.num_rows)
+        state = fold(matrices, TaskContext.get().partitionId())
+        yield pa.RecordBatch.from_pydict({"state": [pickle.dumps(state)]}, schema=STATE_SCHEMA)
 
-    return df.select(vector_col).mapInArrow(run, "packed binary")
-
-
-class Block(NamedTuple):
-    """Some consecutive rows of one partition, ready for passes.
-
-    * ``raw``  — (B, d) float64 vectors as read (what per-cluster moments are taken of),
-    * ``x``    — (B, d) prepared rows (:func:`~anisotropy_core.clustering.prepare`; ``raw`` itself for
-      Euclidean, unit rows for cosine),
-    * ``x_sq`` — (B,) ‖x‖², computed once instead of once per Lloyd pass.
-    """
-
-    raw: np.ndarray
-    x: np.ndarray
-    x_sq: np.ndarray
-
-    @classmethod
-    def of(cls, raw: np.ndarray, metric: str) -> "Block":
-        """Block of (B, d) vectors; raises InvalidVectorsError on NaN/Inf (or a zero row for cosine)."""
-        x = prepare(raw, metric)
-        return cls(x if metric == "euclidean" else np.asarray(raw, dtype=np.float64), x, row_norms_squared(x))
+    return vectors.select(vector_col).mapInArrow(run, "state binary").rdd.map(lambda row: pickle.loads(row[0]))
 
 
-def vector_blocks(df: DataFrame, vector_col: str, dimension: int, metric: str,
-                  max_block_bytes: int = BLOCK_BYTES) -> RDD:
-    """RDD of :class:`Block` of the valid ``array<double>`` column ``vector_col`` (length ``dimension``):
-    per partition, its rows in order, cut into blocks of at most ``max_block_bytes`` of (B, d) float64 (one
-    block per partition when it fits, so passes see exactly the partition matrices the numpy reference
-    gets). Same partitions as ``df``; persist it when it is read more than once."""
-    check_metric(metric)
-    cap = max(1, max_block_bytes // (8 * dimension))
+def sample_pass(vectors: DataFrame, vector_col: str, dimension: int, seed: int, size: int,
+                n: int | None = None) -> RowSample:
+    """Uniform :class:`RowSample` of at most ``size`` rows of the table (the ``size`` smallest keys).
 
-    def to_blocks(rows: Iterator[Any]) -> Iterator[Block]:
-        pending: list[np.ndarray] = []
-        count = 0
-        for row in rows:
-            matrix = np.frombuffer(row[0], dtype=np.float64).reshape(-1, dimension)
-            pending.append(matrix)
-            count += matrix.shape[0]
-            if count >= cap:
-                joined = np.concatenate(pending)
-                full = (count // cap) * cap
-                for start in range(0, full, cap):
-                    yield Block.of(joined[start:start + cap], metric)
-                pending, count = ([joined[full:]] if full < count else []), count - full
-        if count:
-            yield Block.of(np.concatenate(pending), metric)
+    ``n``: the row count (default: ``vectors.count()``, a JVM-side pass). Each task keeps only its rows with
+    keys under :func:`sample_threshold` (at most ``size`` of them) and returns them as Arrow rows
+    (key, partition, row, vector in its own element type), collected with ``toArrow``: little more than
+    ``size`` rows travel in all. Should the bound miss (probability < 1e-15, or a wrong ``n``), the pass is
+    repeated without it, so the result is always the exact sample."""
+    n = vectors.count() if n is None else n
+    element = vectors.schema[vector_col].dataType.elementType.simpleString()      # float | double
+    dtype = np.float32 if element == "float" else np.float64
 
-    return pack_vectors(df, vector_col, dimension).rdd.mapPartitions(to_blocks, preservesPartitioning=True)
+    def draw(below: float) -> RowSample:
+        def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            partition = TaskContext.get().partitionId()
+            rng = partition_rng(seed, SAMPLE_ROUND, partition)
+            sample = RowSample.of_rows(np.zeros((0, dimension), dtype), rng, partition, 0, size)
+            for batch in batches:
+                x = batch_matrix(batch, vector_col, dimension, dtype=None)
+                sample = sample.merge(RowSample.of_rows(x, rng, partition, sample.n, size, below))
+            yield pa.RecordBatch.from_pydict({
+                "key": sample.keys, "partition": sample.origin[:, 0].astype(np.int32), "row": sample.origin[:, 1],
+                vector_col: matrix_column(sample.rows, dtype)})
+
+        table = vectors.select(vector_col).mapInArrow(
+            run, f"key double, partition int, row long, {vector_col} array<{element}>").toArrow()
+        origin = np.stack([table.column("partition").to_numpy(), table.column("row").to_numpy()], axis=1)
+        return RowSample.of_candidates(table.column("key").to_numpy(), batch_matrix(table, vector_col, dimension,
+                                                                                      dtype=None), origin, n, size)
+
+    sample = draw(sample_threshold(n, size))
+    return sample if sample.complete else draw(1.0)
 
 
-def _per_partition(blocks: RDD, fold: Callable[[Iterator[Block], int], Any]) -> RDD:
-    """One element per partition: ``fold(the partition's blocks, partition id)``."""
-    return blocks.mapPartitionsWithIndex(lambda partition, it: [fold(it, partition)])
-
-
-def assignment_pass(blocks: RDD, centroids: np.ndarray, metric: str) -> ClusterState:
-    """One Lloyd pass: per-cluster sums, counts, inertia and farthest points of the :func:`vector_blocks`
-    ``blocks`` against ``centroids`` (k, d)."""
+def assignment_pass(vectors: DataFrame, vector_col: str, dimension: int, centroids: np.ndarray,
+                    metric: str) -> ClusterState:
+    """One full Lloyd pass: per-cluster sums, counts, inertia and farthest points of every row against
+    ``centroids`` (k, d)."""
     centroids = np.asarray(centroids, dtype=np.float64)
 
-    def fold(it: Iterator[Block], _partition: int) -> ClusterState:
+    def fold(batches: Iterator[np.ndarray], _partition: int) -> ClusterState:
         state = ClusterState.empty(*centroids.shape)
-        for block in it:
-            state = state.merge(ClusterState.of_batch(block.x, centroids, metric, x_sq=block.x_sq))
+        for x in batches:
+            state = state.merge(ClusterState.of_batch(prepare(x, metric), centroids, metric))
         return state
 
-    return _per_partition(blocks, fold).treeReduce(ClusterState.merge, depth=TREE_DEPTH)
-
-
-def first_centre(blocks: RDD, metric: str, seed: int) -> np.ndarray:
-    """(d,) a uniformly random prepared row: the smallest per-row uniform key over all partitions."""
-
-    def fold(it: Iterator[Block], partition: int) -> tuple[float, np.ndarray] | None:
-        rng = partition_rng(seed, -1, partition)
-        best = None
-        for block in it:
-            key, row = first_centre_candidate(block.x, rng)
-            if best is None or key < best[0]:
-                best = (key, row)
-        return best
-
-    keyed = [kv for kv in _per_partition(blocks, fold).collect() if kv is not None]
-    if not keyed:
-        raise ValueError("k-means needs at least one vector: the input is empty")
-    return min(keyed, key=lambda kv: kv[0])[1]
-
-
-def oversample_pass(blocks: RDD, centroids: np.ndarray, scale: float, round_: int, metric: str,
-                    seed: int) -> np.ndarray:
-    """k-means|| round: (m, d) prepared rows kept with probability min(1, scale · distance to centroids),
-    in partition order."""
-    centroids = np.asarray(centroids, dtype=np.float64)
-    d = centroids.shape[1]
-
-    def fold(it: Iterator[Block], partition: int) -> np.ndarray:
-        rng = partition_rng(seed, round_, partition)
-        return np.concatenate([np.zeros((0, d))] + [oversample(b.x, centroids, metric, scale, rng) for b in it])
-
-    return np.concatenate(_per_partition(blocks, fold).collect())
+    return partition_states(vectors, vector_col, dimension, fold).treeReduce(ClusterState.merge, depth=TREE_DEPTH)
 
 
 def fit_kmeans(df: DataFrame, vector_col: str, k: int, metric: str = "euclidean", seed: int = 0,
                max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL, init_steps: int = DEFAULT_INIT_STEPS,
                oversampling: float = DEFAULT_OVERSAMPLING, init: np.ndarray | None = None,
-               dimension: int | None = None) -> KMeansResult:
-    """Distributed k-means (k-means|| init + Lloyd) of the valid ``array<double>`` column ``vector_col``.
+               dimension: int | None = None, sample_size: int = DEFAULT_SAMPLE_SIZE,
+               refine_passes: int = DEFAULT_REFINE_PASSES) -> KMeansResult:
+    """Distributed k-means (module docstring: sample pass, sample fit, full refinement passes) of the valid
+    vector column ``vector_col`` (``array<float>``, ``array<double>`` or VectorUDT).
 
     ``metric``: ``"euclidean"`` or ``"cosine"`` (spherical; centroids are unit vectors). ``init``: optional
-    (k, d) starting centroids (skips k-means||). The vectors are converted to :func:`vector_blocks` once and
-    persisted for the duration of the fit (unpersisted at the end). Returns a :class:`KMeansResult`
-    (centroids (k, d), sizes, inertia, iterations, convergence flag, inertia history).
+    (k, d) starting centroids (skips k-means||). ``max_iter`` Lloyd iterations in all (sample updates plus
+    full passes). Returns a :class:`KMeansResult` (centroids (k, d), sizes, inertia of the whole table,
+    iterations, convergence flag, the full passes' inertia history).
     """
     check_metric(metric)
-    d = dimension if dimension is not None else infer_dimension(df, vector_col)
-    blocks = vector_blocks(df, vector_col, d, metric).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        return fit_kmeans_blocks(blocks, d, k, metric, seed, max_iter, tol, init_steps, oversampling, init)
-    finally:
-        blocks.unpersist()
+    vectors = as_vector_array(df.select(vector_col), vector_col)
+    d = dimension if dimension is not None else infer_dimension(vectors, vector_col)
+    sample = sample_pass(vectors, vector_col, d, seed, sample_size)
+    return sampled_kmeans(sample, vectors.rdd.getNumPartitions(),
+                          lambda c: assignment_pass(vectors, vector_col, d, c, metric), k, metric, seed, max_iter,
+                          tol, init, init_steps, oversampling, refine_passes)
 
 
-def fit_kmeans_blocks(blocks: RDD, dimension: int, k: int, metric: str, seed: int, max_iter: int,
-                      tol: float, init_steps: int, oversampling: float, init: np.ndarray | None) -> KMeansResult:
-    """:func:`fit_kmeans` on :func:`vector_blocks` (built for ``metric``, preferably persisted)."""
-    if init is None:
-        start = kmeans_parallel_init(
-            lambda: first_centre(blocks, metric, seed),
-            lambda c: assignment_pass(blocks, c, metric),
-            lambda c, scale, round_: oversample_pass(blocks, c, scale, round_, metric, seed),
-            k, metric, seed, init_steps, oversampling)
-    else:
-        start = prepare(init, metric)
-    if start.shape != (k, dimension):
-        raise ValueError(f"initial centroids have shape {start.shape}, expected {(k, dimension)}")
-    return lloyd(lambda c: assignment_pass(blocks, c, metric), start, metric, max_iter, tol)
-
-
-def cluster_moments_pass(blocks: RDD, centroids: np.ndarray, metric: str) -> list[Moments]:
-    """One pass over :func:`vector_blocks`: the k :class:`Moments` states (raw vectors) of the clusters of
-    ``centroids`` (k, d)."""
+def cluster_moments_pass(vectors: DataFrame, vector_col: str, dimension: int, centroids: np.ndarray,
+                         metric: str) -> list[Moments]:
+    """One pass: the k :class:`Moments` states (raw vectors, float64) of the clusters of ``centroids`` (k, d)."""
     centroids = np.asarray(centroids, dtype=np.float64)
     k, d = centroids.shape
 
-    def fold(it: Iterator[Block], _partition: int) -> list[Moments]:
+    def fold(batches: Iterator[np.ndarray], _partition: int) -> list[Moments]:
         states = [Moments.empty(d)] * k
-        for block in it:
-            ids = assign(block.x, centroids, metric, block.x_sq)[0]
-            states = merge_cluster_moments(states, cluster_moments(block.raw, ids, k))
+        for x in batches:
+            ids = assign(prepare(x, metric), centroids, metric)[0]
+            states = merge_cluster_moments(states, cluster_moments(x, ids, k))
         return states
 
-    return _per_partition(blocks, fold).treeReduce(merge_cluster_moments, depth=TREE_DEPTH)
+    return partition_states(vectors, vector_col, dimension, fold).treeReduce(merge_cluster_moments,
+                                                                             depth=TREE_DEPTH)
 
 
 def spark_cluster_diagnostics(df: DataFrame, vector_col: str, centroids: np.ndarray, metric: str = "euclidean",
                               dimension: int | None = None) -> dict:
     """Per-cluster diagnosis table of ``df`` for the clusters of ``centroids`` (k, d): one pass, then
     :func:`anisotropy_core.clustering.cluster_diagnostics` (see there for the returned dict)."""
-    d = dimension if dimension is not None else infer_dimension(df, vector_col)
-    return cluster_diagnostics(cluster_moments_pass(vector_blocks(df, vector_col, d, metric), centroids, metric))
+    vectors = as_vector_array(df.select(vector_col), vector_col)
+    d = dimension if dimension is not None else infer_dimension(vectors, vector_col)
+    return cluster_diagnostics(cluster_moments_pass(vectors, vector_col, d, centroids, metric))
 
 
 @register_model_class(ClusterRecenter.method)
@@ -296,13 +245,9 @@ class ClusterRecenterEstimator(CorrectionEstimator, _ClusterRecenterParams):
 
     def _fit_transform(self, vectors: DataFrame, col: str, d: int) -> tuple[ClusterRecenter, int]:
         metric = check_metric(self.getDistanceMeasure())
-        blocks = vector_blocks(vectors, col, d, metric).persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            result = fit_kmeans_blocks(blocks, d, self.getK(), metric, self.getSeed(), self.getMaxIter(),
-                                       self.getTol(), self.getInitSteps(), DEFAULT_OVERSAMPLING, None)
-            states = cluster_moments_pass(blocks, result.centroids, metric)
-        finally:
-            blocks.unpersist()
+        result = fit_kmeans(vectors, col, self.getK(), metric, self.getSeed(), self.getMaxIter(), self.getTol(),
+                            self.getInitSteps(), dimension=d)
+        states = cluster_moments_pass(vectors, col, d, result.centroids, metric)
         transform = ClusterRecenter.from_moments(result.centroids, states, self.getD(), metric,
                                                  kmeans_info(result))
         return transform, int(transform.sizes.sum())

@@ -5,12 +5,12 @@ from pyspark.ml.clustering import KMeans
 from pyspark.ml.functions import array_to_vector
 
 from anisotropy_core.artifact import Artifact, ArtifactError, build_manifest, load_artifact
-from anisotropy_core.clustering import cluster_diagnostics, cluster_moments, kmeans
+from anisotropy_core.clustering import cluster_diagnostics, cluster_moments, kmeans, sample_partitions
 from anisotropy_core.moments import Moments
 from anisotropy_core.synthetic import mixture
 from anisotropy_core.transforms import fit_center
 from anisotropy_spark.estimators import CorrectionModel, model_class_for
-from anisotropy_spark.kmeans import (ClusterRecenterEstimator, ClusterRecenterModel, fit_kmeans,
+from anisotropy_spark.kmeans import (ClusterRecenterEstimator, ClusterRecenterModel, fit_kmeans, sample_pass,
                                      spark_cluster_diagnostics)
 
 PARTITIONS = 2
@@ -125,3 +125,56 @@ def test_spark_cluster_diagnostics_equals_numpy(spark):
         assert row.keys() == ref.keys()
         for key, value in ref.items():
             assert row[key] == pytest.approx(value, rel=1e-9), key
+
+
+def float32_frame(spark, X):
+    """DataFrame ``vector array<float>`` of X (n, d) rounded to float32, in PARTITIONS partitions."""
+    return spark.createDataFrame([(v.tolist(),) for v in X.astype(np.float32)],
+                                 "vector array<float>").coalesce(PARTITIONS)
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_sampled_kmeans_on_float32_equals_numpy_reference(spark, metric):
+    # 3000 rows > sample_size 700: sample pass + driver fit + 2 full refinement passes, on float32 vectors
+    # read without an array<double> copy; the numpy reference gets the same float32 partitions
+    X, _ = mixture(3000, 8, (0.4, 0.3, 0.2, 0.1), separation=6.0, spread=0.6, seed=7)
+    df = float32_frame(spark, X).cache()
+    parts = [p.astype(np.float32) for p in partitions(df)]
+    options = dict(seed=3, max_iter=8, tol=0.0, sample_size=700, refine_passes=2)
+    ours = fit_kmeans(df, "vector", 4, metric, **options)
+    reference = kmeans(parts, 4, metric, **options)
+    assert len(ours.history) == len(reference.history) == 2 and ours.n_iter == reference.n_iter <= 8
+    assert np.array_equal(ours.counts, reference.counts) and ours.counts.sum() == len(X)   # whole table
+    assert np.allclose(ours.centroids, reference.centroids, rtol=0, atol=1e-12)
+    assert ours.inertia == pytest.approx(reference.inertia, rel=1e-12)
+    # the inertia is that of the returned centroids over every row (float64 recomputation)
+    x = np.concatenate(parts).astype(np.float64)
+    if metric == "cosine":
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        exact = (1.0 - x @ ours.centroids.T).min(axis=1).sum()
+    else:
+        exact = ((x[:, None, :] - ours.centroids[None]) ** 2).sum(axis=2).min(axis=1).sum()
+    assert ours.inertia == pytest.approx(exact, rel=1e-6)
+    df.unpersist()
+
+
+def test_sampled_kmeans_is_deterministic_for_a_seed_and_partitioning(spark):
+    X, _ = mixture(2500, 6, (0.5, 0.3, 0.2), separation=5.0, seed=8)
+    df = float32_frame(spark, X)
+    first, second = (fit_kmeans(df, "vector", 3, seed=4, max_iter=6, sample_size=500) for _ in range(2))
+    assert np.array_equal(first.centroids, second.centroids) and first.history == second.history
+    other_seed = fit_kmeans(df, "vector", 3, seed=5, max_iter=6, sample_size=500)
+    assert not np.array_equal(first.centroids, other_seed.centroids)
+
+
+def test_sample_pass_is_the_exact_uniform_sample_even_when_the_bound_misses(spark):
+    X, _ = mixture(2000, 4, (0.5, 0.5), separation=4.0, seed=9)
+    df = float32_frame(spark, X).cache()
+    parts = [p.astype(np.float32) for p in partitions(df)]
+    reference = sample_partitions(parts, seed=2, size=300)
+    for n in (len(X), 10 ** 9):          # the true count, and a wrong one whose key bound keeps too few rows
+        sample = sample_pass(df, "vector", 4, seed=2, size=300, n=n)
+        assert sample.complete and sample.rows.dtype == np.float32
+        assert np.array_equal(sample.keys, reference.keys) and np.array_equal(sample.rows, reference.rows)
+        assert np.array_equal(sample.origin, reference.origin)
+    df.unpersist()
