@@ -57,8 +57,8 @@ def u1_artefact_test(df: DataFrame, vector_col: str, report: dict, metadata_cols
     """The seed's fifth number on Spark, per principal direction (seed chapter 3, Step B).
 
     Projects every row on the top ``directions`` (K, at most d) principal directions in one Arrow pass, then
-    one aggregate of Spark's ``corr`` (which merges centred co-moments, so it is stable for large offsets)
-    gives |corr(projection_j, column)| for every numeric metadata column, and one ``groupBy`` the mean
+    one aggregate of Spark's ``covar_pop``/``var_pop`` (centred co-moments, stable for large offsets; see
+    :func:`abs_correlation`) gives |corr(projection_j, column)| for every numeric metadata column, and one ``groupBy`` the mean
     projection per label. Returns ``{"abs_corr", "label_means"}`` for u1 (as before) plus
     ``"directions": [{"index": j (1-based), "eigenvalue": λ_j, "abs_corr": {column: |corr| | None},
     "label_separation": (max − min label mean)/√λ_j | None}…]``. A constant column has no correlation: None.
@@ -77,9 +77,12 @@ def u1_artefact_test(df: DataFrame, vector_col: str, report: dict, metadata_cols
                                  vector_col, report["mean"], basis, names)
     corr = {}
     if metadata_cols:
-        row = projected.agg(*[F.corr(p, F.col(c).cast("double")).alias(f"{p}|{c}")
-                              for p in names for c in metadata_cols]).first()
-        corr = {(p, c): (None if row[f"{p}|{c}"] is None or np.isnan(row[f"{p}|{c}"]) else abs(float(row[f"{p}|{c}"])))
+        columns = {c: F.col(c).cast("double") for c in metadata_cols}
+        row = projected.agg(*[F.var_pop(x).alias(f"var|{x}") for x in names],
+                            *[F.var_pop(columns[c]).alias(f"var|{c}") for c in metadata_cols],
+                            *[F.covar_pop(p, columns[c]).alias(f"{p}|{c}") for p in names for c in metadata_cols]
+                            ).first()
+        corr = {(p, c): abs_correlation(row[f"{p}|{c}"], row[f"var|{p}"], row[f"var|{c}"])
                 for p in names for c in metadata_cols}
     means = {}
     if label_col:
@@ -95,6 +98,14 @@ def u1_artefact_test(df: DataFrame, vector_col: str, report: dict, metadata_cols
                      "label_separation": (max(spread) - min(spread)) / sd if len(spread) >= 2 and sd > 0 else None})
     return {"abs_corr": rows[0]["abs_corr"], "label_means": {label: m[0] for label, m in means.items()},
             "directions": rows}
+
+
+def abs_correlation(covariance: float | None, variance_x: float | None, variance_y: float | None) -> float | None:
+    """|corr| from Spark's ``covar_pop`` and ``var_pop`` (centred co-moments, stable for large offsets); None
+    when a side is constant or missing (Spark's ``corr`` would divide by zero under ANSI mode)."""
+    if covariance is None or not variance_x or not variance_y or variance_x <= 0 or variance_y <= 0:
+        return None
+    return min(1.0, abs(float(covariance)) / float(np.sqrt(variance_x * variance_y)))
 
 
 def sample_rows(df: DataFrame, vector_col: str, dimension: int, columns: list[str], size: int,

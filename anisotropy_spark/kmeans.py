@@ -152,6 +152,19 @@ def cluster_moments_pass(vectors: DataFrame, vector_col: str, dimension: int, ce
                                                                              depth=TREE_DEPTH)
 
 
+def fit_cluster_recenter(vectors: DataFrame, vector_col: str, dimension: int, k: int, D: int, metric: str,
+                         seed: int = 0, max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL,
+                         init_steps: int = DEFAULT_INIT_STEPS) -> tuple[ClusterRecenter, list[Moments]]:
+    """k-means of the valid ``vector_col`` (:func:`fit_kmeans`), then one pass for the k per-cluster
+    :class:`Moments`; returns the fitted :class:`ClusterRecenter` (``D`` within-cluster directions removed per
+    cluster) and those states (what :func:`~anisotropy_core.clustering.cluster_diagnostics` reads)."""
+    metric = check_metric(metric)
+    result = fit_kmeans(vectors, vector_col, k, metric, seed, max_iter, tol, init_steps, dimension=dimension)
+    states = cluster_moments_pass(as_vector_array(vectors.select(vector_col), vector_col), vector_col, dimension,
+                                  result.centroids, metric)
+    return ClusterRecenter.from_moments(result.centroids, states, D, metric, kmeans_info(result)), states
+
+
 def spark_cluster_diagnostics(df: DataFrame, vector_col: str, centroids: np.ndarray, metric: str = "euclidean",
                               dimension: int | None = None) -> dict:
     """Per-cluster diagnosis table of ``df`` for the clusters of ``centroids`` (k, d): one pass, then
@@ -244,10 +257,6 @@ class ClusterRecenterEstimator(CorrectionEstimator, _ClusterRecenterParams):
         return self._set(predictionCol=value)
 
     def _fit_transform(self, vectors: DataFrame, col: str, d: int) -> tuple[ClusterRecenter, int]:
-        metric = check_metric(self.getDistanceMeasure())
-        result = fit_kmeans(vectors, col, self.getK(), metric, self.getSeed(), self.getMaxIter(), self.getTol(),
-                            self.getInitSteps(), dimension=d)
-        states = cluster_moments_pass(vectors, col, d, result.centroids, metric)
-        transform = ClusterRecenter.from_moments(result.centroids, states, self.getD(), metric,
-                                                 kmeans_info(result))
+        transform, _ = fit_cluster_recenter(vectors, col, d, self.getK(), self.getD(), self.getDistanceMeasure(),
+                                            self.getSeed(), self.getMaxIter(), self.getTol(), self.getInitSteps())
         return transform, int(transform.sizes.sum())

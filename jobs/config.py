@@ -61,6 +61,20 @@ class InputSettings:
         return ["output must differ from input"] if output and storage.same_location(self.input, output) else []
 
 
+def flow_problems(config: Any, prefix: str = "") -> list[str]:
+    """The flow settings of ``config`` (``<prefix>sample_size``, ``steps``, ``couplings``, ``hidden``,
+    ``batch_size``, ``learning_rate``): sizes ≥ 1, a sample of ≥ 2 rows, a positive learning rate."""
+    def value(key: str) -> Any:
+        return getattr(config, prefix + key)
+
+    problems = [f"{prefix}{key} must be >= 1, got {value(key)}" for key in ("steps", "couplings", "hidden", "batch_size")
+                if value(key) < 1]
+    if value("sample_size") < 2 or not value("learning_rate") > 0:
+        problems.append(f"{prefix}sample_size must be >= 2 and {prefix}learning_rate > 0, got "
+                        f"{value('sample_size')}, {value('learning_rate')}")
+    return problems
+
+
 def quarantine_problems(config: InputSettings) -> list[str]:
     """``on_invalid: quarantine`` needs a ``quarantine_path``."""
     if config.on_invalid == "quarantine" and not config.quarantine_path:

@@ -52,10 +52,17 @@ def run_evaluation(spark: SparkSession, valid: DataFrame, vector_col: str, id_co
                    cluster_recenter: FittedTransform | None = None) -> dict:
     """Fit, score and choose (see the module docstring). ``valid``: the validated corpus rows."""
     candidates = fit_for_evaluation(state, recommendation, thresholds, cluster_recenter)
+    return score_candidates(spark, valid, vector_col, id_col, dimension, candidates, config)
+
+
+def score_candidates(spark: SparkSession, valid: DataFrame, vector_col: str, id_col: str, dimension: int,
+                     candidates: Mapping[str, FittedTransform | None], config: EvaluationConfig) -> dict:
+    """Score ``candidates`` ({name: transform, None = raw}) on the evaluation set in one distributed pass and
+    choose the best; returns the record of the module docstring."""
     queries = read_queries(spark, config.queries, config.query_id_col, config.query_vector_col,
                            config.relevant_col, dimension) if config.queries else None
     pairs = read_table(spark, config.pairs, None)[0] if config.pairs else None
-    scores = evaluate_candidates(valid, vector_col, id_col, dimension, candidates, queries, pairs, config.k,
+    scores = evaluate_candidates(valid, vector_col, id_col, dimension, dict(candidates), queries, pairs, config.k,
                                  config.exclude_self, tuple(config.pair_cols))
     record = evaluation_record(scores, config.selection_metric())
     record["fitted"] = {name: ({"method": t.method, **t.params()} if t is not None else {"method": "none"})

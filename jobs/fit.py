@@ -26,7 +26,7 @@ from anisotropy_core.transforms import DEFAULT_EPS
 from anisotropy_spark.estimators import CorrectionEstimator, estimator_for, method_params, registered_methods
 from anisotropy_spark.io import as_vector_array, read_table, validate
 from anisotropy_spark.session import get_spark
-from jobs.config import InputSettings, parse_args
+from jobs.config import InputSettings, flow_problems, parse_args
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -63,11 +63,7 @@ class FitConfig(InputSettings):
             problems.append(f"method: {self.method!r} is not one of {registered_methods()}")
         if any(v is not None and v < 0 for v in (self.D, self.max_D, self.D2)):
             problems.append("D, D2 and max_D must be >= 0")
-        flow_sizes = {k: getattr(self, k) for k in ("steps", "couplings", "hidden", "batch_size")}
-        problems += [f"{k} must be >= 1, got {v}" for k, v in flow_sizes.items() if v < 1]
-        if self.sample_size < 2 or not self.learning_rate > 0:
-            problems.append(f"sample_size must be >= 2 and learning_rate > 0, got "
-                            f"{self.sample_size}, {self.learning_rate}")
+        problems += flow_problems(self)
         if self.k is not None and self.k < 1:
             problems.append(f"k must be >= 1, got {self.k}")
         if not 0.0 <= self.shrinkage <= 1.0:

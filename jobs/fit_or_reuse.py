@@ -14,7 +14,8 @@ from pyspark.sql import DataFrame
 from anisotropy_core import storage
 from anisotropy_core.artifact import Artifact, load_artifact, save_artifact
 from anisotropy_core.decision import Recommendation
-from anisotropy_spark.estimators import CorrectionModel, estimator_for
+from anisotropy_core.transforms import FittedTransform
+from anisotropy_spark.estimators import CorrectionModel, estimator_for, model_class_for
 from anisotropy_spark.io import TableRef
 from jobs.nightly_config import NightlyConfig
 
@@ -23,23 +24,49 @@ FIT_REPORT = "fit_report.json"
 
 def fit_params(config: NightlyConfig, method: str, rec: Recommendation) -> dict:
     """The parameters (config keys of :func:`~anisotropy_spark.estimators.estimator_for`) a fit of ``method``
-    uses: config values, else the recommendation's D / k."""
+    uses: config values, else the recommendation's directions / k."""
     if method == "abtt":
-        D = config.abtt_D if config.abtt_D is not None else (rec.D if rec.method == "abtt" else None)
-        return {"D": D, "max_D": config.decision.max_D}
+        follow = config.abtt_D is None and rec.method == "abtt"
+        return {"D": config.abtt_D, "directions": rec.directions if follow else None, "max_D": config.decision.max_D}
     if method == "whitening":
         k = config.whitening_k if config.whitening_k is not None else (rec.k if rec.method == "whitening" else None)
         return {"k": k, "shrinkage": config.whitening_shrinkage, "normalize": config.whitening_normalize}
     if method == "cluster_recenter":
         return {"k": config.cluster_k, "D": config.cluster_D, "distance_measure": config.cluster_distance_measure,
                 "seed": config.seed}
+    if method == "abtt_pca_abtt":
+        return {"D": config.abtt_D, "k": config.pca_k, "D2": config.abtt_D2, "max_D": config.decision.max_D}
+    if method == "flow":
+        return {key: getattr(config, "flow_" + key) for key in
+                ("sample_size", "steps", "couplings", "hidden", "batch_size", "learning_rate")} | {"seed": config.seed}
     return {}
+
+
+def candidate_fit(name: str, transform: FittedTransform | None, directions: list[int], config: NightlyConfig,
+                  rec: Recommendation) -> tuple[str, dict]:
+    """(method, fit parameters) of evaluation candidate ``name`` (see :mod:`anisotropy_core.candidates`), as
+    :func:`fit_params` would state them: ``abtt+whitening`` is whitening with the ABTT ``directions`` excluded."""
+    if name in ("none", "center"):
+        return name, {}
+    if name == "abtt":
+        return "abtt", {"D": None, "directions": list(transform.directions), "max_D": None}
+    if name in ("whitening", "abtt+whitening"):
+        return "whitening", {"k": transform.k, "shrinkage": 0.0, "normalize": False,
+                             "exclude": list(directions) if name == "abtt+whitening" else None}
+    return name, fit_params(config, name, rec)
 
 
 def fit_model(config: NightlyConfig, method: str, params: dict, valid: DataFrame, ref: TableRef) -> CorrectionModel:
     """Fit ``method`` with ``params`` on the valid rows; the model writes ``out_col`` and records ``ref``."""
     model = estimator_for(method, params, config.vector_col).fit(valid).setFittedOn(ref)
     return model.setOutputCol(config.out_col)
+
+
+def model_of(transform: FittedTransform, n: int, config: NightlyConfig, ref: TableRef) -> CorrectionModel:
+    """The Spark model of an already fitted ``transform`` (an evaluation candidate) fitted on ``n`` rows of
+    ``ref``: no second fit pass."""
+    model = model_class_for(transform.method)(transform, n=n).withFittedParams().setFittedOn(ref)
+    return model.setInputCol(config.vector_col).setOutputCol(config.out_col)
 
 
 def model_from(artifact: Artifact, config: NightlyConfig) -> CorrectionModel:

@@ -2,7 +2,8 @@
 
 Per-method settings are the method's Param names (snake_case) prefixed by the method: ``abtt_D``,
 ``whitening_k``, ``whitening_shrinkage``, ``whitening_normalize``, ``cluster_k``, ``cluster_D``,
-``cluster_distance_measure`` (``cluster_*`` also drive the ``mixture_check`` k-means).
+``cluster_distance_measure`` (``cluster_*`` also drive the ``mixture_check`` k-means), ``pca_k`` and
+``abtt_D2`` (abtt_pca_abtt, with ``abtt_D``), ``flow_sample_size`` … ``flow_learning_rate`` (flow, with ``seed``).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Literal
 from anisotropy_core.decision import DecisionThresholds
 from anisotropy_core.diagnostics import Diagnosis
 from jobs.apply import VERSION_COLUMN
-from jobs.config import ConfigError, InputSettings, config_hash
+from jobs.config import ConfigError, EvaluationConfig, InputSettings, config_hash, flow_problems
 
 # the scalar numbers of anisotropy_core.diagnose (what drift thresholds and output bounds may name)
 CORE_METRICS = Diagnosis.scalar_names()
@@ -29,17 +30,27 @@ class NightlyConfig(InputSettings):
     output_dtype: Literal["same", "float32", "float64"] = "same"
     metadata_cols: list[str] = dataclasses.field(default_factory=list)
     label_col: str | None = None
-    method: Literal["auto", "none", "center", "abtt", "whitening", "cluster_recenter"] = "auto"
+    method: Literal["auto", "none", "center", "abtt", "whitening", "cluster_recenter", "abtt_pca_abtt", "flow"] = "auto"
     abtt_D: int | None = None
+    abtt_D2: int | None = None
+    pca_k: int | None = None
     whitening_k: int | None = None
     whitening_shrinkage: float = 0.0
     whitening_normalize: bool = False
     cluster_k: int = 8
     cluster_D: int = 0
     cluster_distance_measure: Literal["euclidean", "cosine"] = "euclidean"
+    flow_sample_size: int = 5000
+    flow_steps: int = 300
+    flow_couplings: int = 4
+    flow_hidden: int = 32
+    flow_batch_size: int = 256
+    flow_learning_rate: float = 1e-2
     mixture_check: bool = False
     seed: int = 0
+    artefact_directions: int = 10
     decision: DecisionThresholds = dataclasses.field(default_factory=DecisionThresholds)
+    evaluation: EvaluationConfig | None = None
     refit: Literal["always", "on_drift"] = "on_drift"
     drift: dict[str, float] = dataclasses.field(default_factory=lambda: {
         "offset_ratio": 0.05, "anisotropy_A": 0.05, "top1_var": 0.05, "erank_frac": 0.05})
@@ -66,6 +77,11 @@ class NightlyConfig(InputSettings):
             problems.append(f"whitening_shrinkage must be in [0, 1], got {self.whitening_shrinkage}")
         if self.cluster_k < 1 or self.cluster_D < 0:
             problems.append(f"cluster_k must be >= 1 and cluster_D >= 0, got {self.cluster_k}, {self.cluster_D}")
+        if self.abtt_D2 is not None and self.abtt_D2 < 0 or self.pca_k is not None and self.pca_k < 1:
+            problems.append(f"abtt_D2 must be >= 0 and pca_k >= 1, got {self.abtt_D2}, {self.pca_k}")
+        problems += flow_problems(self, "flow_")
+        if self.artefact_directions < 1:
+            problems.append(f"artefact_directions must be >= 1, got {self.artefact_directions}")
         if self.out_col in (VERSION_COLUMN, CLUSTER_COLUMN, self.id_col):
             problems.append(f"output_vector_col may not be {self.out_col!r}")
         for key, value in self.drift.items():

@@ -1,30 +1,36 @@
 """The stages of the nightly job. Each is a function of the one :class:`NightlyContext`, reading what earlier
 stages left there and adding its own results; :mod:`jobs.nightly` runs them in order.
 
-read → validate → diagnose → decide → fit (or reuse) → apply → diagnose_output → gate → publish.
+read → validate → diagnose → decide → evaluate → fit (or reuse) → apply → diagnose_output → gate → publish.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import logging
+import math
 from typing import Any
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from anisotropy_core.clustering import ClusterRecenter, cluster_diagnostics
 from anisotropy_core.decision import Recommendation, recommend
-from anisotropy_core.diagnostics import Diagnosis
+from anisotropy_core.diagnostics import Diagnosis, diagnose as diagnose_moments
+from anisotropy_core.moments import Moments
+from anisotropy_core.transforms import FittedTransform
 from anisotropy_spark.diagnostics import diagnose_dataframe, u1_artefact_test
 from anisotropy_spark.estimators import CorrectionModel
 from anisotropy_spark.io import TableRef, ValidatedInput, as_vector_array, read_table, validate
-from anisotropy_spark.kmeans import fit_kmeans, spark_cluster_diagnostics
+from anisotropy_spark.kmeans import fit_cluster_recenter
+from anisotropy_spark.moments import corpus_moments
 from anisotropy_spark.publish import OutputState, PublishTarget, only_appends, output_state, publish
+from jobs import evaluation
 from jobs.apply import VERSION_COLUMN
 from jobs.config import ConfigError
-from jobs.fit_or_reuse import fit_model, fit_params, model_from, reusable, save_fit
-from jobs.gate import gate
+from jobs.fit_or_reuse import candidate_fit, fit_model, fit_params, model_from, model_of, reusable, save_fit
+from jobs.gate import GateError, gate
 from jobs.nightly_config import NightlyConfig, check_against_data
 
 log = logging.getLogger("anisotropy.nightly")
@@ -45,10 +51,15 @@ class NightlyContext:
     state: OutputState | None = None
     checked: ValidatedInput | None = None
     valid: DataFrame | None = None
+    moments: Moments | None = None
     report: Diagnosis | None = None
     artefact: dict | None = None
     clusters: dict | None = None
+    cluster_recenter: ClusterRecenter | None = None
     recommendation: Recommendation | None = None
+    evaluation: dict | None = None
+    chosen: str | None = None
+    chosen_transform: FittedTransform | None = None
     method: str = "none"
     model: CorrectionModel | None = None
     transform_version: str = "none"
@@ -95,24 +106,28 @@ def validate_input(ctx: NightlyContext, info: dict) -> None:
 
 
 def diagnose(ctx: NightlyContext, info: dict) -> None:
-    """One moments pass + the u1 artefact test; with ``mixture_check``, k-means per-cluster diagnostics."""
+    """One moments pass + the per-direction artefact test; with ``mixture_check``, k-means, the per-cluster
+    diagnostics and (from the same pass) the cluster_recenter candidate."""
     config, rec, d = ctx.config, ctx.record, ctx.checked.dimension
-    ctx.report = diagnose_dataframe(ctx.valid, config.vector_col, d)
-    ctx.artefact = u1_artefact_test(ctx.valid, config.vector_col, ctx.report, config.metadata_cols, config.label_col)
+    ctx.moments = corpus_moments(ctx.valid, config.vector_col, d)
+    ctx.report = diagnose_moments(ctx.moments)
+    ctx.artefact = u1_artefact_test(ctx.valid, config.vector_col, ctx.report, config.metadata_cols, config.label_col,
+                                    config.artefact_directions)
     info["rows"] = ctx.report.n
     rec["counts"]["valid_rows"] = ctx.report.n
     rec["input_metrics"], rec["artefact"] = ctx.report.scalars(), ctx.artefact
     check_against_data(config, ctx.report.n, d, config.method)
     if config.mixture_check:
-        centroids = fit_kmeans(ctx.valid, config.vector_col, config.cluster_k, config.cluster_distance_measure,
-                               seed=config.seed, dimension=d).centroids
-        ctx.clusters = spark_cluster_diagnostics(ctx.valid, config.vector_col, centroids,
-                                                 config.cluster_distance_measure, d)
+        ctx.cluster_recenter, states = fit_cluster_recenter(ctx.valid, config.vector_col, d, config.cluster_k,
+                                                            config.cluster_D, config.cluster_distance_measure,
+                                                            config.seed)
+        ctx.clusters = cluster_diagnostics(states)
         rec["clusters"] = {k: ctx.clusters[k] for k in ("locally_isotropic", "clusters")}
 
 
 def decide(ctx: NightlyContext, info: dict) -> None:
-    """``method: auto`` applies the recommendation; an explicit method is applied, the recommendation recorded."""
+    """``method: auto`` applies the recommendation (or, with an ``evaluation:`` block, the best-scoring
+    candidate: see :func:`evaluate`); an explicit method is applied, the recommendation recorded."""
     rec = ctx.record
     recommendation = ctx.recommendation = recommend(ctx.report, ctx.clusters, ctx.artefact, ctx.config.decision)
     ctx.method = recommendation.method if ctx.config.method == "auto" else ctx.config.method
@@ -124,23 +139,58 @@ def decide(ctx: NightlyContext, info: dict) -> None:
     check_against_data(ctx.config, ctx.report.n, ctx.report.d, ctx.method)
 
 
+def evaluate(ctx: NightlyContext, info: dict) -> None:
+    """With an ``evaluation:`` block: fit every candidate from the diagnosis's moments state (plus
+    cluster_recenter under ``mixture_check``), score them all in one distributed pass
+    (:func:`jobs.evaluation.score_candidates`) and, with ``method: auto``, apply the best one."""
+    config = ctx.config
+    if config.evaluation is None:
+        return
+    candidates = evaluation.fit_for_evaluation(ctx.moments, ctx.recommendation, config.decision, ctx.cluster_recenter)
+    record = evaluation.score_candidates(ctx.spark, ctx.valid, config.vector_col, config.id_col, ctx.report.d,
+                                         candidates, config.evaluation)
+    ctx.evaluation, ctx.record["evaluation"] = record, json_safe(record)
+    info["rows"] = record["queries"] or 0
+    log.info("evaluation: %s by %s; raw %s", record["chosen"], record["metric"], record["raw"])
+    if config.method == "auto":
+        ctx.chosen, ctx.chosen_transform = record["chosen"], candidates[record["chosen"]]
+        directions = evaluation.candidate_directions(ctx.moments, ctx.recommendation)
+        ctx.method, _ = candidate_fit(ctx.chosen, ctx.chosen_transform, directions, config, ctx.recommendation)
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN/Inf float (an undefined metric) replaced by None, so the record is valid JSON."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
 def fit(ctx: NightlyContext, info: dict) -> None:
-    """Reuse the last published transform when allowed (:func:`jobs.fit_or_reuse.reusable`), else fit and save."""
+    """Reuse the last published transform when allowed (:func:`jobs.fit_or_reuse.reusable`), else fit and save.
+    An evaluation candidate chosen by :func:`evaluate` is already fitted: it is saved, not fitted again."""
     config, method = ctx.config, ctx.method
-    params = fit_params(config, method, ctx.recommendation)
+    if ctx.chosen is not None:
+        directions = evaluation.candidate_directions(ctx.moments, ctx.recommendation)
+        _, params = candidate_fit(ctx.chosen, ctx.chosen_transform, directions, config, ctx.recommendation)
+    else:
+        params = fit_params(config, method, ctx.recommendation)
     artifact_path, why = None, "method none: vectors published unchanged"
     if method != "none":
         reused, why = reusable(config, ctx.previous, method, params, ctx.report.d, ctx.record["input_metrics"])
         if reused is not None:
             ctx.model, artifact_path = model_from(reused, config), ctx.previous["artifact"]
         else:
-            ctx.model = fit_model(config, method, params, ctx.valid, ctx.ref)
+            ctx.model = model_of(ctx.chosen_transform, ctx.report.n, config, ctx.ref) \
+                if ctx.chosen_transform is not None else fit_model(config, method, params, ctx.valid, ctx.ref)
             artifact_path = save_fit(config, ctx.model, method, params, ctx.record["input_metrics"])
             ctx.refitted = True
     ctx.transform_version = ctx.model.transform_version if ctx.model is not None else "none"
     ctx.d_out = ctx.model.transform_.d_out if ctx.model is not None else ctx.report.d
     ctx.record["applied"] = {"method": method, "params": params, "transform_version": ctx.transform_version,
                              "artifact": artifact_path, "refitted": ctx.refitted, "fit_reason": why,
+                             "candidate": ctx.chosen,
                              "follows_recommendation": method == ctx.recommendation.method}
     log.info("fit: %s %s (%s)", "refitted" if ctx.refitted else "reused", ctx.transform_version, why)
 
@@ -203,10 +253,29 @@ def diagnose_output(ctx: NightlyContext, info: dict) -> None:
 
 
 def gate_output(ctx: NightlyContext, info: dict) -> None:
-    """:func:`jobs.gate.gate`; raises GateError (nothing is published)."""
+    """:func:`jobs.gate.gate`, then (with an ``evaluation:`` block) the quality gate: the applied transform's
+    metrics may not fall below raw by more than ``max_quality_drop``. Raises GateError (nothing is published)."""
     ctx.record["counts"].update(gate(ctx.candidate, ctx.valid, ctx.config, ctx.d_out, ctx.output_metrics,
                                      ctx.output_error))
     info["rows"] = ctx.record["counts"]["output_rows"]
+    if ctx.config.evaluation is not None and ctx.method != "none":
+        quality_gate(ctx)
+
+
+def quality_gate(ctx: NightlyContext) -> None:
+    """Gate the applied transform on the evaluation set: the chosen candidate's scores (``method: auto``), else
+    the applied model scored against raw in one more pass. Records ``evaluation.gate``."""
+    record, name = ctx.evaluation, ctx.chosen
+    if name is None:
+        name = "applied"
+        record = evaluation.score_candidates(ctx.spark, ctx.valid, ctx.config.vector_col, ctx.config.id_col,
+                                             ctx.report.d, {"none": None, name: ctx.model.transform_},
+                                             ctx.config.evaluation)
+        ctx.record["evaluation"]["applied"] = json_safe(record["candidates"][name])
+    passes, reason = evaluation.gate(record, ctx.config.evaluation, name)
+    ctx.record["evaluation"]["gate"] = {"candidate": name, "passes": passes, "reason": reason}
+    if not passes:
+        raise GateError([reason])
 
 
 def publish_output(ctx: NightlyContext, info: dict) -> None:
@@ -220,5 +289,6 @@ def publish_output(ctx: NightlyContext, info: dict) -> None:
     rec["status"] = "published"
 
 
-STAGES = (("read", read), ("validate", validate_input), ("diagnose", diagnose), ("decide", decide), ("fit", fit),
+STAGES = (("read", read), ("validate", validate_input), ("diagnose", diagnose), ("decide", decide),
+          ("evaluate", evaluate), ("fit", fit),
           ("apply", apply), ("diagnose_output", diagnose_output), ("gate", gate_output), ("publish", publish_output))

@@ -1,6 +1,7 @@
 """Nightly run records: every run (published, noop, rejected, failed, rolled back) as
 ``runs_dir/<run_id>.json`` (through :mod:`anisotropy_core.storage`, so any path or URI) and one appended row
-of the Delta ``runs_table``: the recommendation, what was applied, counts, metrics, stage timings."""
+of the Delta ``runs_table``: the recommendation, what was applied, counts, metrics, stage timings, and (with an
+``evaluation:`` block) every candidate's scores, the chosen one, raw and the quality gate (``evaluation``)."""
 from __future__ import annotations
 
 import datetime
@@ -16,7 +17,8 @@ from jobs.nightly_config import NightlyConfig, nightly_config_hash
 
 RUNS_SCHEMA = ("run_id string, started_at timestamp, finished_at timestamp, status string, mode string, "
                "reason string, input_path string, input_version long, output_path string, output_version long, "
-               "method_recommended string, method_applied string, transform_version string, record string")
+               "method_recommended string, method_applied string, transform_version string, evaluation string, "
+               "record string")
 APPEND_ATTEMPTS = 3
 
 
@@ -42,10 +44,12 @@ def write_record(spark: SparkSession, config: NightlyConfig, rec: dict) -> None:
     row = (rec["run_id"], stamp(rec["started_at"]), stamp(rec["finished_at"]), rec["status"], rec["mode"],
            rec["reason"], rec["input"]["path"], rec["input"]["version"], rec["output"]["path"],
            rec["output"].get("version"), (rec["recommendation"] or {}).get("method"),
-           (rec["applied"] or {}).get("method"), (rec["applied"] or {}).get("transform_version"), text)
+           (rec["applied"] or {}).get("method"), (rec["applied"] or {}).get("transform_version"),
+           json.dumps(rec["evaluation"], sort_keys=True) if rec.get("evaluation") else None, text)
     for attempt in range(APPEND_ATTEMPTS):   # blind appends conflict only while two runs create the table at once
         try:
-            spark.createDataFrame([row], RUNS_SCHEMA).write.format("delta").mode("append").save(config.runs_table)
+            (spark.createDataFrame([row], RUNS_SCHEMA).write.format("delta").mode("append")
+             .option("mergeSchema", "true").save(config.runs_table))
             return
         except Exception as exc:  # noqa: BLE001
             if attempt == APPEND_ATTEMPTS - 1 or not is_delta_conflict(exc):

@@ -214,3 +214,78 @@ def test_file_uris_end_to_end(spark, tmp_path):
     assert max(np.abs(published[i] - (X[i] - X.mean(0))).max() for i in ids) < 1e-10
     assert nightly.main(["--conf", conf]) == 0
     assert record(tmp_path)["status"] == "noop" and len(history(spark, str(tmp_path / "corrected"))) == 1
+
+
+# --- issue 13 F: every candidate scored on a labelled set, the best published, a quality gate -----------------
+
+
+def labelled_corpus(n=240, d=8, seed=3):
+    """(ids, X (n, d), labels, token counts): two labels ±1.5 along e1 over unit isotropic noise, an offset of
+    2 and a length artefact — a spike along e2 (variance 75) that follows the token count, not the label."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 2, size=n)
+    tokens = rng.uniform(0, 1, size=n)
+    X = rng.normal(size=(n, d)) + 2.0
+    X[:, 0] += np.where(labels == 1, 1.5, -1.5)
+    X[:, 1] += 30.0 * (tokens - 0.5)
+    return np.arange(n), X, labels, np.round(20 + 100 * tokens)
+
+
+def write_queries(spark, path, ids, X, labels, every=4):
+    """Every ``every``-th row as a query whose relevant ids are the other rows of its label."""
+    rows = [(int(i), [float(v) for v in X[i]], [int(j) for j in ids if labels[j] == labels[i] and j != i])
+            for i in ids[::every]]
+    spark.createDataFrame(rows, "query_id long, vector array<double>, relevant array<long>").write.parquet(path)
+    return len(rows)
+
+
+def test_auto_publishes_the_best_scoring_candidate(spark, tmp_path):
+    ids, X, labels, tokens = labelled_corpus()
+    write_input(spark, str(tmp_path / "input"), ids, X, tokens, invalid=False)
+    queries = write_queries(spark, str(tmp_path / "queries"), ids, X, labels)
+    conf = job_config(tmp_path, output_bounds={}, metadata_cols=["token_count"], evaluation={
+        "queries": str(tmp_path / "queries"), "exclude_self": True, "k": 5, "max_quality_drop": 0.0})
+    assert nightly.main(["--conf", conf]) == 0
+    rec = record(tmp_path)
+    scores = rec["evaluation"]
+    assert set(scores["candidates"]) >= {"none", "center", "whitening"} and scores["queries"] == queries
+    assert scores["raw"] == scores["candidates"]["none"] and scores["metric"] == "ndcg@5"
+    best = max(scores["candidates"].values(), key=lambda row: row["ndcg@5"])["ndcg@5"]
+    assert scores["candidates"][scores["chosen"]]["ndcg@5"] == best
+    # the artefact direction (the token-count spike, PC1) is removed, and ABTT of it beats raw
+    assert scores["fitted"]["abtt"]["directions"] == [1]
+    assert scores["candidates"]["abtt"]["ndcg@5"] > scores["raw"]["ndcg@5"]
+    assert scores["gate"] == {"candidate": scores["chosen"], "passes": True, "reason": scores["gate"]["reason"]}
+    applied = rec["applied"]
+    assert applied["candidate"] == scores["chosen"] and applied["refitted"]
+    # the published vectors are exactly the chosen candidate, fitted from the same moments (no second fit)
+    fitted = load_artifact(applied["artifact"]).transform
+    out = table(spark, str(tmp_path / "output"))
+    assert len(out) == len(ids)
+    assert max(np.abs(out[i] - fitted.apply(X[i:i + 1])[0]).max() for i in ids) < 1e-9
+    expected = {"abtt": lambda: fit_abtt(Moments.of_batch(X), directions=[1]).apply(X)}.get(scores["chosen"])
+    if expected is not None:
+        assert np.abs(np.array([out[i] for i in ids]) - expected()).max() < 1e-9
+    row = spark.read.format("delta").load(str(tmp_path / "runs_table")).first()
+    assert json.loads(row["evaluation"])["candidates"] == scores["candidates"]
+
+
+def test_quality_gate_refuses_a_transform_that_hurts_retrieval(spark, tmp_path):
+    """Labels live in the top-variance direction: whitening scales it down to the noise and retrieval drops."""
+    rng = np.random.default_rng(4)
+    n, d = 240, 8
+    labels = rng.integers(0, 2, size=n)
+    X = rng.normal(size=(n, d))
+    X[:, 0] += np.where(labels == 1, 3.0, -3.0)
+    ids = np.arange(n)
+    write_input(spark, str(tmp_path / "input"), ids, X, np.full(n, 10.0), invalid=False)
+    write_queries(spark, str(tmp_path / "queries"), ids, X, labels)
+    conf = job_config(tmp_path, output_bounds={}, method="whitening", evaluation={
+        "queries": str(tmp_path / "queries"), "exclude_self": True, "k": 5, "max_quality_drop": 0.02})
+    assert nightly.main(["--conf", conf]) == 3
+    rec = record(tmp_path)
+    assert rec["status"] == "gate_rejected" and "quality gate: " in rec["reason"] and "max_quality_drop 0.02" in rec["reason"]
+    gated = rec["evaluation"]["gate"]
+    assert gated["candidate"] == "applied" and gated["passes"] is False
+    assert rec["evaluation"]["applied"]["ndcg@5"] < rec["evaluation"]["raw"]["ndcg@5"] - 0.02
+    assert not os.path.exists(tmp_path / "output")
