@@ -289,3 +289,21 @@ def test_quality_gate_refuses_a_transform_that_hurts_retrieval(spark, tmp_path):
     assert gated["candidate"] == "applied" and gated["passes"] is False
     assert rec["evaluation"]["applied"]["ndcg@5"] < rec["evaluation"]["raw"]["ndcg@5"] - 0.02
     assert not os.path.exists(tmp_path / "output")
+
+
+@pytest.mark.parametrize("method,settings,d_out", [
+    ("abtt_pca_abtt", {"abtt_D": 1, "pca_k": 4, "abtt_D2": 1}, 4),
+    ("flow", {"flow_sample_size": 300, "flow_steps": 20, "flow_couplings": 2, "flow_hidden": 8}, D),
+])
+def test_explicit_flow_and_composition_methods_publish(spark, tmp_path, method, settings, d_out):
+    """Issue 10: the nightly runs BERT-flow and ABTT→PCA→ABTT when configured (the decision never proposes them)."""
+    ids, X, tokens = corpus()
+    write_input(spark, str(tmp_path / "input"), ids, X, tokens, invalid=False)
+    assert nightly.main(["--conf", job_config(tmp_path, output_bounds={}, method=method, **settings)]) == 0
+    rec = record(tmp_path)
+    assert rec["applied"]["method"] == method and rec["recommendation"]["method"] not in ("flow", "abtt_pca_abtt")
+    fitted = load_artifact(rec["applied"]["artifact"]).transform
+    assert fitted.method == method and fitted.d_out == d_out
+    out = table(spark, str(tmp_path / "output"))
+    got = np.array([out[i] for i in ids])
+    assert got.shape == (N, d_out) and np.abs(got - fitted.apply(X)).max() < 1e-9
