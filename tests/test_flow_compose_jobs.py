@@ -74,7 +74,7 @@ def test_diagnosis_reports_uniformity_and_pair_alignment(spark, corpus, tmp_path
     pairs = [(i, i + 1) for i in range(0, 40, 2)] + [(3, 99999)]
     spark.createDataFrame(pairs, "id_a long, id_b long").write.format("delta").save(str(tmp_path / "pairs"))
     args = ["--input", str(root / "corpus"), "--pairs", str(tmp_path / "pairs"), "--sample-size", "300",
-            "--metadata-cols", "[]", "--clusters", "null", "--output-dir", str(tmp_path / "out"),
+            "--metadata-cols", "[]", "--cluster-k", "null", "--output-dir", str(tmp_path / "out"),
             "--metrics-table", "null", "--on-invalid", "error"]
     assert diagnose_job.main(args) == 0
     report = json.loads((tmp_path / "out" / "report.json").read_text())
