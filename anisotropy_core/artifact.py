@@ -26,6 +26,7 @@ import hashlib
 import io
 import json
 from dataclasses import dataclass
+import zipfile
 from typing import Any
 
 import numpy as np
@@ -106,25 +107,41 @@ def save_artifact(path: str, transform: FittedTransform, n: int, fitted_on: dict
 
 
 def load_artifact(path: str, expected_dimension: int | None = None) -> Artifact:
-    """Load and verify an artifact: format, array shapes, content hash and (optionally) input dimension."""
+    """Load and verify an artifact: format, array shapes, content hash and (optionally) input dimension.
+    Anything unreadable (missing file, broken JSON, truncated npz, tampered content) raises
+    :class:`ArtifactError` naming ``path`` and the problem."""
     manifest_path = storage.join(path, MANIFEST)
     if not storage.is_file(manifest_path):
         raise ArtifactError(f"no transform artifact at {path}: {MANIFEST} not found")
-    manifest = json.loads(storage.read_text(manifest_path))
-    if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
+    try:
+        manifest = json.loads(storage.read_text(manifest_path))
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(f"{manifest_path}: unreadable manifest ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT \
+            or manifest.get("format_version") != FORMAT_VERSION:
         raise ArtifactError(f"{path}: not a {FORMAT} v{FORMAT_VERSION} artifact")
-    with np.load(io.BytesIO(storage.read_bytes(storage.join(path, ARRAYS))), allow_pickle=False) as npz:
-        arrays = {name: npz[name] for name in npz.files}
-    declared = {k: tuple(v["shape"]) for k, v in manifest["arrays"].items()}
-    actual = {k: tuple(v.shape) for k, v in arrays.items()}
-    if declared != actual:
-        raise ArtifactError(f"{path}: arrays {actual} do not match the manifest {declared}")
-    transform = from_parts(manifest["method"], manifest["params"], arrays)
-    sha = content_hash(transform, manifest["n"], manifest["fitted_on"])
-    if sha != manifest["content_sha256"] or manifest["transform_version"] != f"{transform.method}-{sha[:12]}":
+    arrays_path = storage.join(path, ARRAYS)
+    try:
+        with np.load(io.BytesIO(storage.read_bytes(arrays_path)), allow_pickle=False) as npz:
+            arrays = {name: npz[name] for name in npz.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise ArtifactError(f"{arrays_path}: unreadable arrays ({type(exc).__name__}: {exc})") from exc
+    try:
+        declared = {k: tuple(v["shape"]) for k, v in manifest["arrays"].items()}
+        actual = {k: tuple(v.shape) for k, v in arrays.items()}
+        if declared != actual:
+            raise ArtifactError(f"{path}: arrays {actual} do not match the manifest {declared}")
+        transform = from_parts(manifest["method"], manifest["params"], arrays)
+        sha = content_hash(transform, manifest["n"], manifest["fitted_on"])
+    except (KeyError, TypeError) as exc:
+        raise ArtifactError(f"{path}: incomplete manifest or arrays (missing {exc})") from exc
+    if sha != manifest.get("content_sha256"):
         raise ArtifactError(f"{path}: content hash mismatch (artifact modified or corrupt); "
-                            f"manifest says {manifest['content_sha256']}, content is {sha}")
-    if (transform.d_in, transform.d_out) != (manifest["d_in"], manifest["d_out"]):
+                            f"manifest says {manifest.get('content_sha256')}, content is {sha}")
+    if manifest.get("transform_version") != f"{transform.method}-{sha[:12]}":
+        raise ArtifactError(f"{path}: transform_version {manifest.get('transform_version')!r} does not match the "
+                            f"content (expected {transform.method}-{sha[:12]}; the manifest was edited)")
+    if (transform.d_in, transform.d_out) != (manifest.get("d_in"), manifest.get("d_out")):
         raise ArtifactError(f"{path}: transform dimensions do not match the manifest")
     artifact = Artifact(transform, manifest)
     if expected_dimension is not None:

@@ -12,7 +12,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from .moments import Moments
+from .moments import InvalidVectorsError, Moments
 
 RANK_TOLERANCE = 1e-10  # eigenvalues below RANK_TOLERANCE · λ₁ count as zero (rank-collapse check)
 IDENTICAL_TOLERANCE = 1e-24  # total variance below this × ‖μ‖² is rounding noise: all vectors identical
@@ -250,12 +250,13 @@ def diagnose(data: Moments | np.ndarray) -> Diagnosis:
     state = data if isinstance(data, Moments) else Moments.of_batch(np.asarray(data))
     n, d = state.n, state.d
     if n < 2:
-        raise ValueError(f"diagnosis needs at least 2 vectors, got n={n}")
+        raise InvalidVectorsError(f"diagnosis needs at least 2 vectors, got n={n} valid rows")
     offset = float(np.linalg.norm(state.mean_unit()))
     lam, vecs = centred_spectrum(state)
     total = lam.sum()
     if total <= IDENTICAL_TOLERANCE * float(state.mean @ state.mean):
-        raise ValueError("all vectors are identical: the centred spectrum is zero and the shape is undefined")
+        raise InvalidVectorsError(f"all {n} valid vectors are identical (zero spread): the centred spectrum is "
+                                  "zero and the shape is undefined")
     p = lam / total
     erank = effective_rank(lam)
     raw = np.linalg.eigvalsh(state.second_moment())

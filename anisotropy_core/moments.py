@@ -21,7 +21,8 @@ import numpy as np
 
 
 class InvalidVectorsError(ValueError):
-    """Raised when a batch holds vectors whose geometry is undefined (NaN/Inf, zero length)."""
+    """Raised when vectors have no defined geometry: NaN/Inf or zero-length rows in a batch, fewer than 2 valid
+    vectors, or all of them identical (zero spread)."""
 
 
 @dataclass

@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Union
 import numpy as np
 
 from .diagnostics import covariance_spectrum, dual_spectrum, marchenko_pastur_edges
-from .moments import Moments
+from .moments import InvalidVectorsError, Moments
 
 REGISTRY: dict[str, type["FittedTransform"]] = {}
 PLUGINS = {"cluster_recenter": "anisotropy_core.clustering", "flow": "anisotropy_core.flow"}   # method → module that registers it
@@ -321,7 +321,8 @@ def principal(data: FitData, matrix: np.ndarray | None = None, require_spread: b
     """
     if isinstance(data, Moments):
         if data.n < 2:
-            raise ValueError(f"fitting a correction needs at least 2 vectors, got n={data.n}")
+            raise InvalidVectorsError(
+                f"fitting a correction needs at least 2 vectors, got n={data.n} valid rows")
         if not math.isfinite(float(np.abs(data.comoment).max())):
             raise ValueError("the moments state holds non-finite values")
         cov, mean = data.covariance(), data.mean
@@ -340,7 +341,8 @@ def principal(data: FitData, matrix: np.ndarray | None = None, require_spread: b
         lam, vecs = dual_spectrum(rows - mean)
         result = Principal(n, d, mean, np.concatenate([lam, np.zeros(d - lam.shape[0])]), vecs)
     if require_spread and not result.eigenvalues.sum() > 0:
-        raise ValueError("all vectors are identical: the covariance is zero and no correction is defined")
+        raise InvalidVectorsError(f"all {result.n} valid vectors are identical (zero spread): the covariance is "
+                                  "zero and no correction is defined")
     return result
 
 

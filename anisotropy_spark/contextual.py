@@ -21,6 +21,7 @@ from anisotropy_core.contextual import GroupSums, contextual_measures, group_sum
 from anisotropy_core.moments import Moments
 
 from .arrow import batch_matrix
+from .contract import require_columns
 
 STATE_SCHEMA = "kind string, gkey binary, payload binary"
 _ARROW_STATE_SCHEMA = pa.schema([("kind", pa.string()), ("gkey", pa.binary()), ("payload", pa.binary())])
@@ -85,9 +86,7 @@ def contextual_dataframe(df: DataFrame, vector_col: str, dimension: int, layer_c
     Same output as :func:`anisotropy_core.contextual.contextual_report`.
     """
     columns = [c for c in (layer_col, word_col, sentence_col) if c]
-    missing = [c for c in columns + [vector_col] if c not in df.columns]
-    if missing:
-        raise ValueError(f"column(s) {missing} not found; columns are {df.columns}")
+    require_columns(df.columns, columns + [vector_col], "contextual")
     kinds = {"layer": None, "word": word_col, "sentence": sentence_col}
 
     def fold_sums(x: np.ndarray, cols: dict[str, list]) -> dict[tuple[str, object], bytes]:

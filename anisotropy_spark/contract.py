@@ -23,6 +23,19 @@ class InvalidRowsError(ValueError):
     """Input rows violate the contract and the job was configured with ``on_invalid: error``."""
 
 
+class SchemaError(ValueError):
+    """The table does not have a column the job needs, or the column has the wrong type."""
+
+
+def require_columns(columns: list[str], needed: list[str], role: str) -> None:
+    """:class:`SchemaError` naming every ``needed`` column (the ``role`` columns, e.g. "metadata") missing from
+    ``columns`` (a DataFrame's ``.columns``)."""
+    missing = [c for c in needed if c not in columns]
+    if missing:
+        named = f"column {missing[0]!r}" if len(missing) == 1 else f"columns {missing}"
+        raise SchemaError(f"{role} {named} not found; columns are {list(columns)}")
+
+
 @dataclass
 class CheckedBatch:
     """One batch split by the contract: ``matrix`` (B_valid, d) float64 of the valid rows in batch order,

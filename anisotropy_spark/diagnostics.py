@@ -11,6 +11,7 @@ from pyspark.sql import functions as F
 from anisotropy_core.diagnostics import Diagnosis, diagnose
 
 from .arrow import batch_matrix
+from .contract import require_columns
 from .moments import corpus_moments
 
 PROJECTION_COL = "u1_projection"
@@ -63,9 +64,7 @@ def u1_artefact_test(df: DataFrame, vector_col: str, report: dict, metadata_cols
     ``"directions": [{"index": j (1-based), "eigenvalue": λ_j, "abs_corr": {column: |corr| | None},
     "label_separation": (max − min label mean)/√λ_j | None}…]``. A constant column has no correlation: None.
     """
-    missing = [c for c in metadata_cols + ([label_col] if label_col else []) if c not in df.columns]
-    if missing:
-        raise ValueError(f"metadata column(s) {missing} not found; columns are {df.columns}")
+    require_columns(df.columns, metadata_cols + ([label_col] if label_col else []), "metadata")
     if directions < 1:
         raise ValueError(f"directions must be >= 1, got {directions}")
     k = min(int(directions), int(report["d"]))

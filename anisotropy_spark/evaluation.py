@@ -27,7 +27,8 @@ from anisotropy_core.evaluation import (block_top_k, empty_top_k, merge_top_k, r
 from anisotropy_core.transforms import FittedTransform
 
 from .arrow import batch_matrix
-from .io import as_vector_array, read_table
+from .contract import require_columns
+from .io import as_vector_array, read_table, require_column
 
 TREE_DEPTH = 2
 INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
@@ -45,8 +46,7 @@ class QuerySet:
 
 def require_integral(df: DataFrame, column: str, role: str) -> None:
     """Raise unless ``column`` of ``df`` holds integers (the top-k merge carries ids as int64)."""
-    if column not in df.columns:
-        raise ValueError(f"{role} column {column!r} not found; columns are {df.columns}")
+    require_column(df, column, role)
     kind = df.schema[column].dataType
     if isinstance(kind, T.ArrayType):
         kind = kind.elementType
@@ -133,9 +133,7 @@ def pair_cosines(df: DataFrame, vector_col: str, id_col: str, dimension: int, pa
     Raises naming the first pair whose id is not in the corpus (never a silent drop) or whose score is null.
     Returns ({candidate: (p,) cosines}, (p,) scores).
     """
-    for column in (id_a, id_b, score):
-        if column not in pairs.columns:
-            raise ValueError(f"pairs column {column!r} not found; columns are {pairs.columns}")
+    require_columns(pairs.columns, [id_a, id_b, score], "pairs")
     corpus = df.select(F.col(id_col).alias("_id"), F.col(vector_col).alias("_v"))
     joined = (pairs.select(F.col(id_a).alias("_a"), F.col(id_b).alias("_b"), F.col(score).cast("double").alias("_s"))
               .join(corpus.withColumnRenamed("_v", "_va"), F.col("_a") == F.col("_id"), "left").drop("_id")

@@ -21,8 +21,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DoubleType, FloatType, StringType, StructField, StructType
 
-from .contract import REASON_COLUMN, InvalidRowsError, Tally, check_batch
+from .contract import REASON_COLUMN, InvalidRowsError, SchemaError, Tally, check_batch, require_columns
 from .moments import TREE_DEPTH
+from .quarantine import Duplicates, find_duplicates, write_quarantine
 
 INFER_ROWS = 10_000
 
@@ -70,7 +71,7 @@ def as_vector_array(df: DataFrame, vector_col: str) -> DataFrame:
         return df.withColumn(vector_col, vector_to_array(F.col(vector_col), "float64"))
     if isinstance(dtype, ArrayType) and isinstance(dtype.elementType, (FloatType, DoubleType)):
         return df
-    raise ValueError(
+    raise SchemaError(
         f"vector column {vector_col!r} has type {dtype.simpleString()}; expected array<float>, "
         "array<double> or VectorUDT"
     )
@@ -132,23 +133,28 @@ def valid_rows(df: DataFrame, vector_col: str, id_col: str, dimension: int, tall
 
 
 def settle_invalid(df: DataFrame, tally: Tally, vector_col: str, id_col: str, dimension: int,
-                   on_invalid: str, quarantine_path: str | None) -> None:
-    """Act on the invalid rows ``tally`` counted in ``df``: raise :class:`InvalidRowsError` with reason counts and
-    sample ids (``'error'``), or append them with ``invalid_reason`` and ``quarantined_at`` to the Delta table
-    ``quarantine_path`` (``'quarantine'``; one extra pass, only when some exist)."""
-    if not tally.total:
+                   on_invalid: str, quarantine_path: str | None, *, duplicates: Duplicates | None = None,
+                   run_id: str | None = None, input_version: int | None = None) -> None:
+    """Act on the invalid rows ``tally`` counted in ``df`` and the ``duplicates`` among its valid rows: raise
+    :class:`InvalidRowsError` with reason counts and sample ids (``'error'``), or add them with
+    ``invalid_reason`` to the quarantine table ``quarantine_path`` (``'quarantine'``; see
+    :func:`anisotropy_spark.quarantine.write_quarantine`; one extra pass, only when some exist)."""
+    found = tally if duplicates is None else tally.merge(duplicates.tally)
+    if not found.total:
         return
     if on_invalid == "error":
         raise InvalidRowsError(
-            f"{tally.total} invalid row(s) in column {vector_col!r} (expected dimension {dimension}): "
-            f"{dict(sorted(tally.counts.items()))}; sample {id_col} values: {tally.sample_ids()}. "
-            "Fix the input or set on_invalid: quarantine."
+            f"{found.total} invalid row(s) in column {vector_col!r} (expected dimension {dimension}) or sharing an "
+            f"{id_col!r} value: {dict(sorted(found.counts.items()))}; sample {id_col} values: "
+            f"{found.sample_ids()}. Fix the input or set on_invalid: quarantine."
         )
     if not quarantine_path:
         raise ValueError("on_invalid: quarantine needs a quarantine_path")
-    (_filtered(df, vector_col, id_col, dimension, keep_valid=False)
-     .withColumn("quarantined_at", F.current_timestamp())
-     .write.format("delta").mode("append").option("mergeSchema", "true").save(quarantine_path))
+    parts = [_filtered(df, vector_col, id_col, dimension, keep_valid=False)] if tally.total else []
+    if duplicates is not None and duplicates.tally.total:
+        parts.append(duplicates.rows_of(valid_rows(df, vector_col, id_col, dimension, tally)))
+    rows = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+    write_quarantine(rows, quarantine_path, run_id, input_version)
 
 
 @dataclass
@@ -162,15 +168,16 @@ class ValidatedInput:
 
 
 def require_column(df: DataFrame, column: str, role: str) -> None:
-    """ValueError naming ``column`` (the ``role`` column, e.g. "id") when ``df`` does not have it."""
-    if column not in df.columns:
-        raise ValueError(f"{role} column {column!r} not found; columns are {df.columns}")
+    """:class:`SchemaError` naming ``column`` (the ``role`` column, e.g. "id") when ``df`` does not have it."""
+    require_columns(df.columns, [column], role)
 
 
 def validate(df: DataFrame, vector_col: str, id_col: str, dimension: int | None = None,
-             on_invalid: str = "error", quarantine_path: str | None = None) -> ValidatedInput:
-    """Count the invalid rows of ``df`` (one pass over id + vector, nothing cached), act on them
-    (:func:`settle_invalid`) and return the valid rows (:func:`valid_rows`).
+             on_invalid: str = "error", quarantine_path: str | None = None, *, run_id: str | None = None,
+             input_version: int | None = None) -> ValidatedInput:
+    """Count the invalid rows of ``df`` (one pass over id + vector, nothing cached) and the duplicated ids among
+    the others (one aggregate over the ids), act on them (:func:`settle_invalid`) and return the valid rows:
+    neither invalid nor sharing an id.
 
     Jobs whose first pass reads every vector anyway (diagnose) fold the count into that pass instead.
     """
@@ -179,8 +186,12 @@ def validate(df: DataFrame, vector_col: str, id_col: str, dimension: int | None 
     require_column(df, id_col, "id")
     d = dimension if dimension is not None else infer_dimension(df, vector_col)
     tally = count_invalid(df, vector_col, id_col, d)
-    settle_invalid(df, tally, vector_col, id_col, d, on_invalid, quarantine_path)
     valid = valid_rows(df, vector_col, id_col, d, tally)
+    duplicates = find_duplicates(valid, id_col)
+    settle_invalid(df, tally, vector_col, id_col, d, on_invalid, quarantine_path, duplicates=duplicates,
+                   run_id=run_id, input_version=input_version)
+    valid = duplicates.drop_from(valid)
+    found = tally.merge(duplicates.tally)
     if valid.isEmpty():
-        raise InvalidRowsError(f"no valid rows left in column {vector_col!r} after validation ({tally.counts})")
-    return ValidatedInput(valid=valid, dimension=d, invalid_count=tally.total, invalid_by_reason=tally.counts)
+        raise InvalidRowsError(f"no valid rows left in column {vector_col!r} after validation ({found.counts})")
+    return ValidatedInput(valid=valid, dimension=d, invalid_count=found.total, invalid_by_reason=found.counts)

@@ -14,10 +14,8 @@ walking the cause chain. No message text is matched.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-from typing import Iterator
 
 from delta.tables import DeltaTable
 from py4j.java_gateway import is_instance_of
@@ -25,6 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from .io import is_delta_table
+from .session import commit_conf
 
 DELTA_CONFLICT_CLASS = "io.delta.exceptions.DeltaConcurrentModificationException"
 APPEND_OPERATIONS = ("WRITE", "STREAMING UPDATE")
@@ -37,26 +36,34 @@ class ConcurrentPublishError(RuntimeError):
 def is_delta_conflict(exc: BaseException) -> bool:
     """True for :class:`ConcurrentPublishError` and for Delta's concurrent-modification exceptions (by their
     Java type, anywhere in the Python or Java cause chain)."""
+    return delta_conflict_name(exc) is not None
+
+
+def delta_conflict_name(exc: BaseException) -> str | None:
+    """The type name of the concurrency conflict in ``exc``'s cause chain: Delta's Java exception (a subclass
+    of ``DeltaConcurrentModificationException``, e.g. ``ConcurrentAppendException``) or
+    ``ConcurrentPublishError``; None when there is none."""
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, ConcurrentPublishError):
-            return True
         origin = getattr(seen, "_origin", None) or getattr(seen, "java_exception", None)
-        if origin is not None and _java_conflict(origin):
-            return True
+        name = _java_conflict_name(origin) if origin is not None else None
+        if name is not None:
+            return name
+        if isinstance(seen, ConcurrentPublishError):
+            return type(seen).__name__
         seen = seen.__cause__ or seen.__context__
-    return False
+    return None
 
 
-def _java_conflict(throwable) -> bool:
+def _java_conflict_name(throwable) -> str | None:
     from pyspark import SparkContext
 
     gateway = SparkContext._gateway
     while throwable is not None:
         if is_instance_of(gateway, throwable, DELTA_CONFLICT_CLASS):
-            return True
+            return str(throwable.getClass().getSimpleName())
         throwable = throwable.getCause()
-    return False
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,18 +129,6 @@ def only_appends(spark: SparkSession, path: str, after: int, upto: int) -> bool:
                for r in rows)
 
 
-@contextlib.contextmanager
-def commit_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
-    """Set session confs for one Delta commit (userMetadata, idempotent-DML txn ids); unset afterwards."""
-    for key, value in settings.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key in settings:
-            spark.conf.unset(key)
-
-
 @dataclasses.dataclass(frozen=True)
 class PublishTarget:
     """Where and as whom to publish: the output ``path``, the ``id_col`` a MERGE matches on, and the
@@ -170,14 +165,17 @@ def publish(spark: SparkSession, target: PublishTarget, candidate: DataFrame, ne
                  .merge(new_rows.alias("s"), f"t.`{target.id_col}` = s.`{target.id_col}`")
                  .whenNotMatchedInsertAll().execute())
     except Exception as exc:  # noqa: BLE001 — only Delta's concurrency conflicts are translated
-        if is_delta_conflict(exc):
-            raise ConcurrentPublishError(f"a concurrent run committed to {target.path} first: "
-                                         f"{type(exc).__name__}") from exc
+        conflict = delta_conflict_name(exc)
+        if conflict is not None:
+            raise ConcurrentPublishError(f"{conflict}: a concurrent run committed to {target.path} first; the output "
+                                         f"is at version {output_state(spark, target.path).version}, "
+                                         "this run published nothing") from exc
         raise
     after = output_state(spark, target.path)
     if not after.meta or after.meta.get("run_id") != meta["run_id"]:
         raise ConcurrentPublishError(f"publish sequence {meta['seq']} was already committed to {target.path} by "
-                                     f"run {after.meta and after.meta.get('run_id')}; Delta skipped this write")
+                                     f"run {after.meta and after.meta.get('run_id')} (version {after.version}); "
+                                     "Delta skipped this write")
     return int(after.version)
 
 

@@ -16,9 +16,11 @@ on only when stderr is a terminal.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import sys
+from typing import Iterator
 
 from pyspark.sql import SparkSession
 
@@ -97,3 +99,16 @@ def _driver_memory_given(extra_conf: dict[str, str] | None) -> bool:
 def _launched_by_spark_submit() -> bool:
     """True when a JVM gateway was started by spark-submit (it sets PYSPARK_GATEWAY_PORT)."""
     return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+@contextlib.contextmanager
+def commit_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
+    """Set session confs for one Delta commit (userMetadata, idempotent-DML txn ids, schema auto-merge); unset
+    afterwards."""
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key in settings:
+            spark.conf.unset(key)

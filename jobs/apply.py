@@ -13,6 +13,9 @@ replaced by the corrected vector (element type per ``output_dtype``), plus a ``t
 * Invalid rows, ``on_invalid: quarantine``: the pass tags them, a Spark ``Observation`` counts them during
   the write, and the write keeps only the valid ones; only when the count is non-zero is the input read a
   second time to count the reasons and append those rows to ``quarantine_path`` (after the output commit).
+* Duplicate ids: one aggregate over the id column before the pass. Every copy of an id held by more than one
+  otherwise-valid row is left out and quarantined (reason ``duplicate_id``), or, with ``on_invalid: error``,
+  the job stops before writing, naming sample ids.
 
 * Atomic: the write is ONE Delta ``overwrite`` commit; a failure anywhere (e.g. in one partition) leaves
   no commit, so readers keep seeing the previous table version unchanged.
@@ -31,15 +34,17 @@ from typing import Literal
 if __package__ in (None, ""):  # spark-submit runs this file as a script: make the project importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pyspark.sql import Observation, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from anisotropy_core.artifact import Artifact, load_artifact
-from anisotropy_spark.contract import REASON_COLUMN, invalid_rows_from_worker
+from anisotropy_spark.contract import REASON_COLUMN, Tally, invalid_rows_from_worker
 from anisotropy_spark.estimators import CorrectionModel, RowChecks
 from anisotropy_spark.io import (as_vector_array, count_invalid, first_vector_length, is_delta_table, read_table,
-                                 require_column, settle_invalid)
+                                 require_column, settle_invalid, valid_rows)
+from anisotropy_spark.quarantine import Duplicates, find_duplicates
 from anisotropy_spark.session import get_spark
+from jobs.cli import run
 from jobs.config import InputSettings, parse_args
 
 VERSION_COLUMN = "transform_version"
@@ -79,6 +84,20 @@ def latest_commit(spark: SparkSession, path: str) -> tuple[int, dict] | None:
     return int(row["version"]), metadata
 
 
+def checked_duplicates(df: DataFrame, config: ApplyConfig, dimension: int) -> Duplicates:
+    """The duplicated ids among the otherwise-valid rows of ``df``: one aggregate over the ids; only when some id
+    repeats, a count of the invalid rows first (a copy with an invalid vector is quarantined for that reason).
+    With ``on_invalid: error`` a duplicate stops the job before anything is written."""
+    duplicates = find_duplicates(df, config.id_col)
+    if not duplicates.tally.total:
+        return duplicates
+    tally = count_invalid(df, config.vector_col, config.id_col, dimension)
+    duplicates = find_duplicates(valid_rows(df, config.vector_col, config.id_col, dimension, tally), config.id_col)
+    if config.on_invalid == "error":
+        settle_invalid(df, Tally(), config.vector_col, config.id_col, dimension, "error", None, duplicates=duplicates)
+    return duplicates
+
+
 def run_apply(spark: SparkSession, config: ApplyConfig, artifact: Artifact | None = None) -> dict:
     """Run the job; returns a JSON-ready summary with ``status`` ``written`` or ``skipped``.
 
@@ -103,7 +122,8 @@ def run_apply(spark: SparkSession, config: ApplyConfig, artifact: Artifact | Non
     model = (CorrectionModel.from_artifact(artifact, vector_col, config.output_col or vector_col)
              .setOutputDtype(config.output_dtype))
     quarantine = config.on_invalid == "quarantine"
-    corrected = model.transform_checked(df, RowChecks(id_col, tag_invalid=quarantine))
+    duplicates = checked_duplicates(df, config, artifact.transform.d_in)
+    corrected = model.transform_checked(duplicates.drop_from(df), RowChecks(id_col, tag_invalid=quarantine))
     invalid = Observation("invalid_rows")
     if quarantine:
         corrected = (corrected.observe(invalid, F.count_if(F.col(REASON_COLUMN).isNotNull()).alias("rows"))
@@ -119,10 +139,11 @@ def run_apply(spark: SparkSession, config: ApplyConfig, artifact: Artifact | Non
         raise found from None
     version, _ = latest_commit(spark, config.output)
     counts = {}
-    if quarantine and invalid.get["rows"]:
+    if quarantine and (invalid.get["rows"] or duplicates.tally.total):
         tally = count_invalid(df, vector_col, id_col, artifact.transform.d_in)
-        settle_invalid(df, tally, vector_col, id_col, artifact.transform.d_in, "quarantine", config.quarantine_path)
-        counts = tally.counts
+        settle_invalid(df, tally, vector_col, id_col, artifact.transform.d_in, "quarantine", config.quarantine_path,
+                       duplicates=duplicates, input_version=ref.version)
+        counts = tally.merge(duplicates.tally).counts
     return {**summary, "status": "written", "output_version": version,
             "invalid_rows": sum(counts.values()), "invalid_by_reason": counts}
 
@@ -135,4 +156,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

@@ -101,7 +101,12 @@ def load(schema: type[T], path: str | None, overrides: dict[str, Any] | None = N
     """
     raw: dict[str, Any] = {}
     if path:
-        loaded = yaml.safe_load(storage.read_text(path))
+        if not storage.is_file(path):
+            raise ConfigError(f"config file {path} not found")
+        try:
+            loaded = yaml.safe_load(storage.read_text(path))
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: top level must be a mapping of settings, got {type(loaded).__name__}")
         raw.update(loaded or {})

@@ -30,6 +30,7 @@ from jobs import apply as apply_job
 from jobs import diagnose as diagnose_job
 from jobs import fit as fit_job
 from jobs import nightly as nightly_job
+from jobs.cli import run
 from jobs.config import load, parse_args
 from jobs.evaluation import evaluation_markdown
 from jobs.nightly_config import NightlyConfig
@@ -140,4 +141,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

@@ -33,9 +33,11 @@ from anisotropy_core.report import CLUSTER_KEYS, cell_text, write_report_assets
 from anisotropy_spark.diagnostics import DEFAULT_DIRECTIONS, pair_alignment, sample_rows, u1_artefact_test
 from anisotropy_spark.io import (InvalidRowsError, as_vector_array, infer_dimension, read_table, require_column,
                                  settle_invalid, valid_rows)
-from anisotropy_spark.moments import checked_moments
 from anisotropy_spark.kmeans import fit_kmeans, spark_cluster_diagnostics
+from anisotropy_spark.moments import checked_moments, corpus_moments
+from anisotropy_spark.quarantine import find_duplicates
 from anisotropy_spark.session import get_spark
+from jobs.cli import run
 from jobs.config import EvaluationConfig, InputSettings, config_hash, parse_args
 from jobs.evaluation import evaluation_markdown, run_evaluation
 from jobs.stage_log import timed_stage
@@ -134,13 +136,21 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
     with timed_stage(log, timings, "moments") as info:
         state, tally = checked_moments(vectors, vector_col, id_col, d)
         info["rows"] = state.n + tally.total
+    valid = valid_rows(vectors, vector_col, id_col, d, tally)
     with timed_stage(log, timings, "invalid") as info:
-        settle_invalid(vectors, tally, vector_col, id_col, d, config.on_invalid, config.quarantine_path)
+        duplicates = find_duplicates(valid, id_col)
+        settle_invalid(vectors, tally, vector_col, id_col, d, config.on_invalid, config.quarantine_path,
+                       duplicates=duplicates, input_version=ref.version)
+        tally = tally.merge(duplicates.tally)
         info["rows"] = tally.total
+    if duplicates.tally.total:      # quarantined: the moments are those of the rows left (one more pass)
+        valid = duplicates.drop_from(valid)
+        with timed_stage(log, timings, "moments_without_duplicates") as info:
+            state = corpus_moments(valid, vector_col, d)
+            info["rows"] = state.n
     if state.n == 0:
         raise InvalidRowsError(f"no valid rows left in column {vector_col!r} after validation ({tally.counts})")
     report = diagnose(state)
-    valid = valid_rows(vectors, vector_col, id_col, d, tally)
     with timed_stage(log, timings, "artefact") as info:
         artefact = u1_artefact_test(valid, vector_col, report, config.metadata_cols, config.label_col,
                                     config.artefact_directions)
@@ -336,4 +346,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

@@ -26,6 +26,7 @@ from anisotropy_core.transforms import DEFAULT_EPS
 from anisotropy_spark.estimators import CorrectionEstimator, estimator_for, method_params, registered_methods
 from anisotropy_spark.io import as_vector_array, read_table, validate
 from anisotropy_spark.session import get_spark
+from jobs.cli import run
 from jobs.config import InputSettings, flow_problems, parse_args
 
 
@@ -82,7 +83,7 @@ def run_fit(spark: SparkSession, config: FitConfig) -> dict:
     """Fit and save; returns the saved (hash-verified, reloaded) manifest."""
     df, ref = read_table(spark, config.input, config.input_version)
     checked = validate(as_vector_array(df, config.vector_col), config.vector_col, config.id_col, config.dimension,
-                       config.on_invalid, config.quarantine_path)
+                       config.on_invalid, config.quarantine_path, input_version=ref.version)
     model = config.estimator().fit(checked.valid).setFittedOn(ref)
     model.write().overwrite().save(config.artifact)
     return load_artifact(config.artifact).manifest
@@ -96,4 +97,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

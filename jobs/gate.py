@@ -3,10 +3,13 @@ same id set), every vector finite with the transform's output dimension, and eve
 metric inside its [low, high]; otherwise :class:`GateError` lists every failed check."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from jobs.nightly_config import NightlyConfig
+if TYPE_CHECKING:   # annotations only: jobs.cli imports GateError, and nightly_config imports the jobs
+    from jobs.nightly_config import NightlyConfig
 
 
 class GateError(RuntimeError):

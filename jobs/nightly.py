@@ -23,22 +23,17 @@ if __package__ in (None, ""):  # spark-submit runs this file as a script: make t
 
 from pyspark.sql import SparkSession
 
-from anisotropy_spark.io import InvalidRowsError
-from anisotropy_spark.publish import ConcurrentPublishError, is_delta_conflict, meta_at, output_state, restore
+from anisotropy_spark.publish import meta_at, output_state, restore
 from anisotropy_spark.session import get_spark
 from jobs import nightly_stages
+from jobs.cli import EXIT, classify, describe, run
 from jobs.config import ConfigError, parse_args
-from jobs.gate import GateError
 from jobs.nightly_config import NightlyConfig
 from jobs.nightly_stages import NightlyContext
 from jobs.run_records import new_record, write_record
 from jobs.stage_log import timed_stage
 
 log = logging.getLogger("anisotropy.nightly")
-EXIT = {"published": 0, "noop": 0, "rolled_back": 0, "config_error": 2, "gate_rejected": 3,
-        "concurrent_publish": 4, "invalid_input": 5, "failed": 1}
-FAILURES = ((ConfigError, "config_error"), (GateError, "gate_rejected"), (ConcurrentPublishError, "concurrent_publish"),
-            (InvalidRowsError, "invalid_input"))
 
 
 def run_nightly(spark: SparkSession, config: NightlyConfig, ctx: NightlyContext | None = None) -> dict:
@@ -96,14 +91,12 @@ def main(argv: list[str] | None = None) -> int:
         record = rollback(spark, config, rollback_to, ctx) if rollback_to is not None else run_nightly(spark, config, ctx)
         status = record["status"]
     except Exception as exc:  # noqa: BLE001 — classified, recorded; anything unexpected re-raised after recording
-        status, reason = next(((name, str(exc)) for kind, name in FAILURES if isinstance(exc, kind)), (None, None))
-        if status is None and is_delta_conflict(exc):   # e.g. two first runs creating the quarantine table at once
-            status, reason = "concurrent_publish", f"a concurrent run won: {type(exc).__name__}"
+        status = classify(exc)
         if status is None:
             ctx.record.update(status="failed", reason=f"{type(exc).__name__}: {exc}")
             write_record(spark, config, ctx.record)
             raise
-        ctx.record["reason"] = reason
+        ctx.record["reason"] = describe(exc)
     ctx.record["status"] = status
     write_record(spark, config, ctx.record)
     (log.info if EXIT[status] == 0 else log.error)("nightly %s: %s", status, ctx.record["reason"] or "")
@@ -112,4 +105,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

@@ -25,6 +25,7 @@ from anisotropy_spark.io import TableRef, ValidatedInput, as_vector_array, read_
 from anisotropy_spark.kmeans import fit_cluster_recenter
 from anisotropy_spark.moments import corpus_moments
 from anisotropy_spark.publish import OutputState, PublishTarget, only_appends, output_state, publish
+from anisotropy_spark.quarantine import DUPLICATE_ID
 from jobs import evaluation
 from jobs.apply import VERSION_COLUMN
 from jobs.config import ConfigError
@@ -96,10 +97,12 @@ def read(ctx: NightlyContext, info: dict) -> None:
 
 
 def validate_input(ctx: NightlyContext, info: dict) -> None:
-    """Quarantine (with a reason) or refuse the invalid rows; see :func:`anisotropy_spark.io.validate`."""
+    """Quarantine (with a reason, the run id and the input version) or refuse the invalid rows and every copy
+    of a duplicated id; see :func:`anisotropy_spark.io.validate`."""
     config = ctx.config
     ctx.checked = validate(as_vector_array(ctx.input_df, config.vector_col), config.vector_col, config.id_col,
-                           config.dimension, config.on_invalid, config.quarantine_path)
+                           config.dimension, config.on_invalid, config.quarantine_path,
+                           run_id=ctx.record["run_id"], input_version=ctx.ref.version)
     ctx.valid = ctx.checked.valid
     ctx.record["counts"].update(invalid_rows=ctx.checked.invalid_count,
                                 invalid_by_reason=ctx.checked.invalid_by_reason)
@@ -186,15 +189,32 @@ def fit(ctx: NightlyContext, info: dict) -> None:
     log.info("fit: %s %s (%s)", "refitted" if ctx.refitted else "reused", ctx.transform_version, why)
 
 
-def incremental(ctx: NightlyContext) -> bool:
-    """Incremental mode applies when the same transform is reused on an input that only gained appended rows."""
+def full_rebuild_reason(ctx: NightlyContext) -> str | None:
+    """Why this run must rewrite the whole output, or None when the incremental MERGE applies: the same
+    transform, reused, on an input that since the last publish only gained appended rows of the same schema,
+    and no duplicated id (a repeated id means a published row must leave the output)."""
     previous, config = ctx.previous, ctx.config
-    if not (config.incremental and previous and not ctx.refitted):
-        return False
-    same = (previous.get("transform_version") == ctx.transform_version and previous.get("input_path") == config.input
-            and previous.get("config_hash") == ctx.record["config_hash"]
-            and isinstance(previous.get("input_version"), int) and previous["input_version"] < ctx.ref.version)
-    return bool(same and only_appends(ctx.spark, config.input, previous["input_version"], ctx.ref.version))
+    if not config.incremental:
+        return "incremental: false"
+    if not previous:
+        return "no previous publish"
+    if ctx.refitted:
+        return "the transform was refitted"
+    if (previous.get("transform_version"), previous.get("input_path"), previous.get("config_hash")) != \
+            (ctx.transform_version, config.input, ctx.record["config_hash"]):
+        return "transform, input path or config changed since the last publish"
+    before = previous.get("input_version")
+    if not isinstance(before, int) or before >= ctx.ref.version:
+        return f"input version {ctx.ref.version} does not follow the published input version {before}"
+    if not only_appends(ctx.spark, config.input, before, ctx.ref.version):
+        return f"input commits after version {before} are not all appends (delete, update or overwrite)"
+    old_schema = read_table(ctx.spark, config.input, before)[0].schema
+    if old_schema != ctx.input_df.schema:
+        added = sorted(set(ctx.input_df.columns) - set(old_schema.fieldNames()))
+        return f"input schema changed since version {before}" + (f" (added columns {added})" if added else "")
+    if ctx.checked.invalid_by_reason.get(DUPLICATE_ID):
+        return f"{ctx.checked.invalid_by_reason[DUPLICATE_ID]} input rows share an id"
+    return None
 
 
 def transformed(ctx: NightlyContext, df: DataFrame) -> DataFrame:
@@ -218,7 +238,8 @@ def apply(ctx: NightlyContext, info: dict) -> None:
     """Full mode: transform every valid row. Incremental: only the rows appended since the previous publish,
     unioned with the current output as the would-be table."""
     config, spark = ctx.config, ctx.spark
-    ctx.record["mode"] = "incremental" if incremental(ctx) else "full"
+    ctx.record["mode_reason"] = full_rebuild_reason(ctx)
+    ctx.record["mode"] = "full" if ctx.record["mode_reason"] else "incremental"
     if ctx.record["mode"] == "incremental":
         old_ids = read_table(spark, config.input, ctx.previous["input_version"])[0].select(config.id_col)
         new_valid = ctx.valid.join(old_ids, config.id_col, "left_anti")

@@ -19,7 +19,7 @@ import pyarrow as pa  # noqa: E402
 from pyspark import TaskContext  # noqa: E402
 from pyspark.sql import DataFrame  # noqa: E402
 
-from jobs import nightly, nightly_stages  # noqa: E402
+from jobs import cli, nightly, nightly_stages  # noqa: E402
 
 BARRIER_SECONDS = 300
 
@@ -86,4 +86,4 @@ def with_faults(stages):
 
 if __name__ == "__main__":
     nightly_stages.STAGES = with_faults(nightly_stages.STAGES)
-    sys.exit(nightly.main())
+    sys.exit(cli.run(nightly.main))

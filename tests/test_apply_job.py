@@ -192,3 +192,46 @@ def test_float32_overflow_after_cast_is_refused(spark, corpus, tmp_path):
     with pytest.raises(Exception, match="non-finite output value after the cast to float32"):
         run_apply(spark, config, artifact=huge)
     assert latest_commit(spark, config.output) is None
+
+
+def test_duplicate_ids_quarantined_or_refused_before_writing(spark, corpus, tmp_path):
+    """Issue 12: every copy of a repeated id leaves the output (reason duplicate_id), counted exactly; a copy whose
+    vector is invalid keeps its own reason; with on_invalid: error nothing is written and sample ids are named."""
+    root, data = corpus
+    _, artifact = fitted(spark, root, "center")
+    rows = [(i, [float(v) for v in data[i]]) for i in range(30)]
+    rows += [(7, [float(v) for v in data[40]]), (11, [float(v) for v in data[41]]), (11, [float("nan")] * D)]
+    source = str(tmp_path / "dups")
+    spark.createDataFrame(rows, "id long, vector array<double>").repartition(2).write.format("delta").save(source)
+    strict = ApplyConfig(input=source, artifact=artifact, output=str(tmp_path / "o"))
+    with pytest.raises(InvalidRowsError, match=r"'duplicate_id': 4.*sample id values: \[7, 11\]"):
+        run_apply(spark, strict)
+    assert latest_commit(spark, strict.output) is None
+    lenient = dataclasses.replace(strict, on_invalid="quarantine", quarantine_path=str(tmp_path / "q"))
+    summary = run_apply(spark, lenient)
+    assert summary["invalid_by_reason"] == {"duplicate_id": 4, "non_finite": 1}
+    published = sorted(r["id"] for r in spark.read.format("delta").load(lenient.output).collect())
+    assert published == [i for i in range(30) if i not in (7, 11)]
+    quarantined = sorted((r["id"], r["invalid_reason"]) for r in spark.read.format("delta").load(lenient.quarantine_path)
+                         .collect())
+    assert quarantined == [(7, "duplicate_id")] * 2 + [(11, "duplicate_id")] * 2 + [(11, "non_finite")]
+
+
+def test_quarantine_is_idempotent_and_stamped(spark, tmp_path):
+    """Issue 12: a row that stays invalid is quarantined once, with the run id and input version of the run that
+    first saw it; a new invalid row is added; an older quarantine table without the new columns gains them."""
+    from anisotropy_spark.io import validate
+
+    quarantine = str(tmp_path / "q")
+    spark.createDataFrame([(-9, None, "null_vector")], "id long, vector array<double>, invalid_reason string") \
+        .write.format("delta").save(quarantine)                      # written by an earlier release
+    good = [(i, [float(i), 1.0, 2.0 * i]) for i in range(20)]
+    night1 = spark.createDataFrame(good + [(-1, None), (-2, [1.0])], "id long, vector array<double>")
+    for run_id, version in (("r1", 0), ("r2", 1)):
+        checked = validate(night1, "vector", "id", 3, "quarantine", quarantine, run_id=run_id, input_version=version)
+        assert checked.invalid_by_reason == {"null_vector": 1, "wrong_dimension:1": 1}
+    night3 = night1.unionByName(spark.createDataFrame([(-3, [float("inf"), 0.0, 0.0])], night1.schema))
+    validate(night3, "vector", "id", 3, "quarantine", quarantine, run_id="r3", input_version=2)
+    rows = sorted((r["id"], r["run_id"], r["input_version"]) for r in spark.read.format("delta").load(quarantine)
+                  .collect())
+    assert rows == [(-9, None, None), (-3, "r3", 2), (-2, "r1", 0), (-1, "r1", 0)]
