@@ -71,6 +71,7 @@ def run(job_main: Callable[[list[str]], int], argv: list[str] | None = None) -> 
         log.error("%s (exit %d)", describe(exc), EXIT[status], exc_info=exc if verbose else None)
         return EXIT[status]
 
+
 JOBS = {
     "diagnose": "measure how anisotropic an embedding table is (report + metrics row)",
     "fit": "fit a correction and save it as a versioned artifact",
