@@ -22,13 +22,11 @@ from anisotropy_core.moments import Moments
 
 from .arrow import batch_matrix
 from .contract import require_columns
-
-STATE_SCHEMA = "kind string, gkey binary, payload binary"
-_ARROW_STATE_SCHEMA = pa.schema([("kind", pa.string()), ("gkey", pa.binary()), ("payload", pa.binary())])
+from .keyed import KEYED_SCHEMA, keyed_batches, merge_by_key, merge_moments_bytes
 
 
 def _encode_key(key) -> bytes:
-    """Group key (layer, or (layer, word|sentence) tuple of str/int values) → bytes, losslessly via repr."""
+    """Group key ((kind, layer) or (kind, (layer, word|sentence)) of str/int values) → bytes, losslessly via repr."""
     return repr(key).encode("utf-8")
 
 
@@ -42,25 +40,22 @@ def _fold_partitions(df: DataFrame, columns: list[str], vector_col: str, dimensi
                      fold: Callable[[np.ndarray, dict[str, list]], dict[tuple[str, object], bytes]],
                      merge: Callable[[bytes, bytes], bytes]) -> dict[tuple[str, object], bytes]:
     """Run ``fold`` (batch matrix (B, d), key columns as Python lists → {(kind, key): state bytes}) over every
-    Arrow batch, merge states within a partition and then across partitions with ``merge``."""
+    Arrow batch, merge states within a partition and then across partitions by key with ``merge``
+    (:mod:`~anisotropy_spark.keyed`)."""
 
     def per_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        states: dict[tuple[str, object], bytes] = {}
+        states: dict[bytes, bytes] = {}
         for batch in batches:
             if not batch.num_rows:
                 continue
             cols = {c: batch.column(batch.schema.get_field_index(c)).to_pylist() for c in columns}
             for group, payload in fold(batch_matrix(batch, vector_col, dimension), cols).items():
-                states[group] = merge(states[group], payload) if group in states else payload
-        yield pa.RecordBatch.from_arrays(
-            [pa.array([kind for kind, _ in states], pa.string()),
-             pa.array([_encode_key(key) for _, key in states], pa.binary()),
-             pa.array(list(states.values()), pa.binary())], schema=_ARROW_STATE_SCHEMA)
+                key = _encode_key(group)
+                states[key] = merge(states[key], payload) if key in states else payload
+        yield from keyed_batches(states)
 
-    partials = df.select(*columns, vector_col).mapInArrow(per_partition, STATE_SCHEMA)
-    merged = (partials.rdd.map(lambda r: ((r["kind"], bytes(r["gkey"])), bytes(r["payload"])))
-              .reduceByKey(merge).collect())
-    return {(kind, _decode_key(key)): payload for (kind, key), payload in merged}
+    merged = merge_by_key(df.select(*columns, vector_col).mapInArrow(per_partition, KEYED_SCHEMA), merge)
+    return {_decode_key(key): payload for key, payload in merged.items()}
 
 
 def _merge_sums(a: bytes, b: bytes) -> bytes:
@@ -69,10 +64,6 @@ def _merge_sums(a: bytes, b: bytes) -> bytes:
 
 def _sums_bytes(state: GroupSums) -> bytes:
     return state.to_array().tobytes()
-
-
-def _merge_moments(a: bytes, b: bytes) -> bytes:
-    return Moments.from_bytes(a).merge(Moments.from_bytes(b)).to_bytes()
 
 
 def contextual_dataframe(df: DataFrame, vector_col: str, dimension: int, layer_col: str = "layer",
@@ -116,6 +107,6 @@ def contextual_dataframe(df: DataFrame, vector_col: str, dimension: int, layer_c
                     out[("mev", key)] = Moments.of_batch(x[rows]).to_bytes()
                 return out
 
-            moments = _fold_partitions(df, [layer_col, word_col], vector_col, dimension, fold_moments, _merge_moments)
+            moments = _fold_partitions(df, [layer_col, word_col], vector_col, dimension, fold_moments, merge_moments_bytes)
             word_moments = {key: Moments.from_bytes(p) for (_, key), p in moments.items()}
     return contextual_measures(sums["layer"], sums["word"], sums["sentence"], word_moments)

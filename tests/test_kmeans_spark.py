@@ -10,8 +10,8 @@ from anisotropy_core.moments import Moments
 from anisotropy_core.synthetic import mixture
 from anisotropy_core.transforms import fit_center
 from anisotropy_spark.estimators import CorrectionModel, model_class_for
-from anisotropy_spark.kmeans import (ClusterRecenterEstimator, ClusterRecenterModel, fit_kmeans, sample_pass,
-                                     spark_cluster_diagnostics)
+from anisotropy_spark.kmeans import (ClusterRecenterEstimator, ClusterRecenterModel, cluster_moments_pass, fit_kmeans,
+                                     sample_pass, spark_cluster_diagnostics)
 
 PARTITIONS = 2
 
@@ -125,6 +125,20 @@ def test_spark_cluster_diagnostics_equals_numpy(spark):
         assert row.keys() == ref.keys()
         for key, value in ref.items():
             assert row[key] == pytest.approx(value, rel=1e-9), key
+
+
+def test_cluster_moments_pass_returns_every_cluster_including_an_unreached_one(spark):
+    # the states leave the tasks keyed by cluster; a centroid no row is nearest to comes back empty (n = 0),
+    # and the reached clusters equal the numpy moments
+    X, labels = mixture(600, 4, (0.5, 0.5), separation=6.0, seed=8)
+    centroids = np.stack([X[labels == 0].mean(axis=0), X[labels == 1].mean(axis=0), np.full(4, 1e6)])
+    states = cluster_moments_pass(frame(spark, X), "vector", 4, centroids, "euclidean")
+    ids = np.argmin(((X[:, None, :] - centroids[:2]) ** 2).sum(axis=2), axis=1)
+    reference = cluster_moments(X, ids, 2)
+    assert [s.n for s in states] == [r.n for r in reference] + [0]
+    for got, want in zip(states, reference):
+        np.testing.assert_allclose(got.covariance(), want.covariance(), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(got.mean, want.mean, rtol=1e-12)
 
 
 def float32_frame(spark, X):
