@@ -1,83 +1,144 @@
-"""Peak resident memory of a job at two table sizes: it must stay flat in n (memory bounded by design).
+"""Every job on a large float32 table with the embedded default session: wall time and peak memory at two sizes.
 
-    .venv/bin/python -m bench.memory [--rows 100000 400000] [--dim 384] [--job diagnose|apply] [--tmp DIR]
+    .venv/bin/python -m bench.scale [--rows 1000000 10000000 ...] [--dim 768] [--root DIR]
+                                    [--jobs diagnose fit kmeans apply nightly]
 
-For each size it writes a float32 Parquet corpus, runs the job as a subprocess with the embedded default
-session (no Spark flags), and samples every 0.2 s the RSS of the process tree: the driver JVM (``java``),
-the Python driver (the job process) and the executor Python workers (every other python process, summed).
-Prints one line per size with the peaks and the ratio of the larger size's peaks to the smaller's.
+For each size it writes a narrow-cone Delta table with Spark (:func:`write_delta_corpus`, generated inside the
+tasks, never the whole table in memory), then runs each job as its own ``python -m jobs.<job>`` subprocess exactly as a user would, with no Spark flags (the embedded session
+sizes itself), sampling every 0.2 s the RSS of the process tree: the driver JVM (``java``), the Python driver
+(the job process) and the executor Python workers (every other python process, summed). It prints one line per
+job and size, then per job the ratio of the larger size's peaks to the smaller's: memory bounded by design means
+ratios near 1 for 10× the rows. The jobs:
+
+* ``diagnose`` — ``jobs.diagnose`` without clusters or metadata columns (moments, sample, report files);
+* ``fit``      — ``jobs.fit --method abtt`` (one moments pass, D from the Marchenko–Pastur edge);
+* ``kmeans``   — ``jobs.fit --method cluster_recenter --k 64`` (sample pass, driver fit, full k-means passes,
+  per-cluster moments);
+* ``apply``    — ``jobs.apply`` of the ``fit`` artifact into a new Delta table (validation, transform, one commit);
+  the output is deleted afterwards to free the disk;
+* ``nightly``  — ``jobs.nightly`` from scratch (diagnose, recommend, fit, apply, gate, publish), output deleted.
 """
 from __future__ import annotations
 
 import argparse
 import pathlib
+import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
-import psutil
+from typing import Iterator
 
-from anisotropy_core.artifact import save_artifact
-from anisotropy_core.moments import Moments
-from anisotropy_core.transforms import fit
-from bench.common import write_parquet_corpus
+import numpy as np
+import psutil
+import pyarrow as pa
+
+from anisotropy_core.synthetic import random_rotation
 
 SAMPLE_SECONDS = 0.2
+ROWS_PER_TASK = 250_000
+ROWS_PER_BATCH = 10_000
+JOBS = ("diagnose", "fit", "kmeans", "apply", "nightly")
+PEAKS = ("jvm", "python_driver", "python_workers")
 
 
-def peak_rss(command: list[str]) -> dict[str, float]:
-    """Run ``command``; return peak RSS in MiB of {"jvm", "python_driver", "python_workers"} and seconds."""
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    driver = psutil.Process(process.pid)
-    peaks = {"jvm": 0.0, "python_driver": 0.0, "python_workers": 0.0}
-    start = time.perf_counter()
-    while process.poll() is None:
-        try:
-            children = driver.children(recursive=True)
-            current = {"jvm": 0.0, "python_driver": driver.memory_info().rss, "python_workers": 0.0}
-            for child in children:
-                kind = "jvm" if "java" in child.name() else "python_workers"
-                current[kind] += child.memory_info().rss
-        except psutil.Error:
-            pass
-        else:
-            peaks = {k: max(peaks[k], current[k] / (1 << 20)) for k in peaks}
-        time.sleep(SAMPLE_SECONDS)
+def peak_rss(command: list[str], log: pathlib.Path) -> dict[str, float]:
+    """Run ``command`` (stdout and stderr to ``log``); return peak RSS in MiB of {"jvm", "python_driver",
+    "python_workers"} and its wall-clock "seconds". Raises if it exits non-zero."""
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        driver = psutil.Process(process.pid)
+        peaks = dict.fromkeys(PEAKS, 0.0)
+        start = time.perf_counter()
+        while process.poll() is None:
+            try:
+                current = {"jvm": 0.0, "python_driver": driver.memory_info().rss, "python_workers": 0.0}
+                for child in driver.children(recursive=True):
+                    current["jvm" if "java" in child.name() else "python_workers"] += child.memory_info().rss
+            except psutil.Error:
+                pass
+            else:
+                peaks = {k: max(peaks[k], current[k] / (1 << 20)) for k in PEAKS}
+            time.sleep(SAMPLE_SECONDS)
     if process.returncode:
-        raise RuntimeError(f"{' '.join(command)} exited {process.returncode}")
+        raise RuntimeError(f"{' '.join(command)} exited {process.returncode}; see {log}")
     return {**peaks, "seconds": time.perf_counter() - start}
 
 
-def job_command(job: str, corpus: pathlib.Path, root: pathlib.Path, rows: int, dim: int) -> list[str]:
-    base = [sys.executable, "-m", f"jobs.{job}", "--input", str(corpus)]
-    if job == "diagnose":
-        return base + ["--metadata-cols", "[]", "--clusters", "null", "--on-invalid", "error",
-                       "--metrics-table", "null", "--output-dir", str(root / "report")]
-    X = Moments.of_batch(write_parquet_corpus(root / "fit", 2000, dim, files=1))
-    save_artifact(str(root / "artifact"), fit("center", X), n=2000)
-    return base + ["--artifact", str(root / "artifact"), "--output", str(root / "out"), "--on-invalid", "error"]
+def job_command(job: str, table: pathlib.Path, work: pathlib.Path) -> list[str]:
+    """The command line of ``job`` on the Delta ``table``, writing under ``work``."""
+    module = {"kmeans": "fit"}.get(job, job)
+    base = [sys.executable, "-m", f"jobs.{module}", "--conf", f"conf/{module}.yaml", "--input", str(table),
+            "--on-invalid", "error"]
+    return base + {
+        "diagnose": ["--metadata-cols", "[]", "--cluster-k", "null", "--metrics-table", "null",
+                     "--output-dir", str(work / "diagnose")],
+        "fit": ["--method", "abtt", "--artifact", str(work / "abtt")],
+        "kmeans": ["--method", "cluster_recenter", "--k", "64", "--artifact", str(work / "clusters")],
+        "apply": ["--artifact", str(work / "abtt"), "--output", str(work / "applied")],
+        "nightly": ["--metadata-cols", "[]", "--output", str(work / "nightly" / "out"),
+                    "--quarantine-path", str(work / "nightly" / "quarantine"),
+                    "--artifacts-dir", str(work / "nightly" / "transforms"), "--runs-dir", str(work / "nightly" / "runs"),
+                    "--runs-table", str(work / "nightly" / "runs_table")],
+    }[job]
+
+
+def write_delta_corpus(path: pathlib.Path, n: int, d: int, seed: int = 0) -> None:
+    """Write an (n, d) ``array<float>`` Delta table (id, vector) of the narrow cone of :mod:`bench.common` (offset 4,
+    1/k spectrum in a random basis), generated in Spark tasks of ``ROWS_PER_TASK`` rows, ``ROWS_PER_BATCH`` at a
+    time (seeded by (seed, task, batch)): memory O(ROWS_PER_BATCH · d + d²) per task whatever n is."""
+    from anisotropy_spark.arrow import matrix_column
+    from anisotropy_spark.session import get_spark
+    rng = np.random.default_rng(seed)
+    mean = rng.normal(size=d)
+    mean = (mean * 4.0 / np.linalg.norm(mean)).astype(np.float32)
+    basis = (random_rotation(d, rng) * np.arange(1, d + 1) ** -0.5).astype(np.float32)   # (d, d): scale, rotate
+
+    def generate(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for task in (int(t) for b in batches for t in b.column(0).to_numpy()):
+            end = min((task + 1) * ROWS_PER_TASK, n)
+            for batch, first in enumerate(range(task * ROWS_PER_TASK, end, ROWS_PER_BATCH)):
+                rows = np.arange(first, min(first + ROWS_PER_BATCH, end))
+                noise = np.random.default_rng([seed, task, batch]).standard_normal((rows.size, d), dtype=np.float32)
+                yield pa.RecordBatch.from_arrays([pa.array(rows), matrix_column(noise @ basis.T + mean, np.float32)],
+                                                 names=["id", "vector"])
+
+    spark = get_spark("bench-scale-corpus")
+    tasks = -(-n // ROWS_PER_TASK)
+    (spark.range(tasks, numPartitions=tasks).mapInArrow(generate, "id long, vector array<float>")
+     .write.format("delta").save(str(path)))
+    spark.stop()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, nargs=2, default=[100_000, 400_000])
-    parser.add_argument("--dim", type=int, default=384)
-    parser.add_argument("--job", choices=["diagnose", "apply"], default="diagnose")
-    parser.add_argument("--tmp", default=None)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 10_000_000],
+                        help="table sizes, smallest first; the peak ratios compare the first and the last")
+    parser.add_argument("--dim", type=int, default=768)
+    parser.add_argument("--root", default="/tmp/anisotropy-bench-scale", help="corpora and outputs (kept)")
+    parser.add_argument("--jobs", nargs="+", choices=JOBS, default=list(JOBS))
     args = parser.parse_args()
-    results = {}
+    results: dict[str, dict[int, dict]] = {job: {} for job in args.jobs}
     for rows in args.rows:
-        with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
-            root = pathlib.Path(tmp)
-            write_parquet_corpus(root / "corpus", rows, args.dim)
-            results[rows] = peak_rss(job_command(args.job, root / "corpus", root, rows, args.dim))
-        r = results[rows]
-        print(f"{args.job} {rows:>10,} x {args.dim}: peak RSS jvm {r['jvm']:7.0f} MiB  python driver "
-              f"{r['python_driver']:6.0f} MiB  python workers {r['python_workers']:6.0f} MiB  ({r['seconds']:.1f} s)")
-    small, large = (results[n] for n in args.rows)
-    print(f"ratio of peaks for {args.rows[1] / args.rows[0]:.0f}x the rows: " + "  ".join(
-        f"{k} {large[k] / max(small[k], 1e-9):.2f}" for k in ("jvm", "python_driver", "python_workers")))
+        root = pathlib.Path(args.root) / f"{rows}x{args.dim}"
+        table = root / "corpus"
+        if not (table / "_delta_log").is_dir():
+            shutil.rmtree(table, ignore_errors=True)
+            start = time.perf_counter()
+            write_delta_corpus(table, rows, args.dim)
+            print(f"corpus {rows:,} x {args.dim} float32 written in {time.perf_counter() - start:.0f} s", flush=True)
+        for job in args.jobs:
+            work = root / "work"
+            r = results[job][rows] = peak_rss(job_command(job, table, work), root / f"{job}.log")
+            print(f"{job:9s} {rows:>11,} x {args.dim}: {r['seconds']:8.1f} s  peak RSS jvm {r['jvm']:7.0f} MiB  "
+                  f"python driver {r['python_driver']:6.0f} MiB  python workers {r['python_workers']:6.0f} MiB",
+                  flush=True)
+            for output in ("applied", "nightly"):
+                shutil.rmtree(work / output, ignore_errors=True)
+    small, large = args.rows[0], args.rows[-1]
+    for job, by_size in results.items() if len(args.rows) > 1 else ():
+        print(f"{job:9s} peak ratio for {large / small:.0f}x the rows: " + "  ".join(
+            f"{k} {by_size[large][k] / max(by_size[small][k], 1e-9):.2f}" for k in PEAKS))
 
 
 if __name__ == "__main__":
