@@ -22,7 +22,7 @@ from anisotropy_core.moments import Moments
 
 from .arrow import batch_matrix
 from .contract import require_columns
-from .keyed import KEYED_SCHEMA, keyed_batches, merge_by_key, merge_moments_bytes
+from .keyed import KEYED_SCHEMA, coalesce_to_slots, keyed_batches, merge_by_key, merge_moments_bytes
 
 
 def _encode_key(key) -> bytes:
@@ -54,7 +54,8 @@ def _fold_partitions(df: DataFrame, columns: list[str], vector_col: str, dimensi
                 states[key] = merge(states[key], payload) if key in states else payload
         yield from keyed_batches(states)
 
-    merged = merge_by_key(df.select(*columns, vector_col).mapInArrow(per_partition, KEYED_SCHEMA), merge)
+    merged = merge_by_key(coalesce_to_slots(df.select(*columns, vector_col)).mapInArrow(per_partition, KEYED_SCHEMA),
+                          merge)
     return {_decode_key(key): payload for key, payload in merged.items()}
 
 

@@ -2,7 +2,8 @@
 import numpy as np
 
 from anisotropy_core.moments import Moments
-from anisotropy_spark.keyed import EMIT_BATCH_BYTES, KEYED_SCHEMA, keyed_batches, merge_by_key, merge_moments_bytes
+from anisotropy_spark.keyed import (EMIT_BATCH_BYTES, KEYED_SCHEMA, coalesce_to_slots, keyed_batches, merge_by_key,
+                                  merge_moments_bytes)
 
 
 def test_keyed_batches_stay_under_the_byte_budget_and_keep_every_state_once():
@@ -36,3 +37,13 @@ def test_merge_by_key_merges_moments_across_partitions(spark):
         assert got.n == want.n == 80
         np.testing.assert_allclose(got.mean, want.mean, rtol=1e-13)
         np.testing.assert_allclose(got.covariance(), want.covariance(), rtol=1e-12)
+
+
+def test_coalesce_to_slots_bounds_the_partitions_that_emit_states(spark):
+    slots = spark.sparkContext.defaultParallelism
+    many = spark.range(100).repartition(slots * 4)
+    assert many.rdd.getNumPartitions() == slots * 4
+    assert coalesce_to_slots(many).rdd.getNumPartitions() == slots
+    few = spark.range(10).coalesce(1)
+    assert coalesce_to_slots(few).rdd.getNumPartitions() == 1
+    assert coalesce_to_slots(many).count() == 100
