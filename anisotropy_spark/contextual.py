@@ -108,6 +108,7 @@ def contextual_dataframe(df: DataFrame, vector_col: str, dimension: int, layer_c
                     out[("mev", key)] = Moments.of_batch(x[rows]).to_bytes()
                 return out
 
-            moments = _fold_partitions(df, [layer_col, word_col], vector_col, dimension, fold_moments, merge_moments_bytes)
+            moments = _fold_partitions(df, [layer_col, word_col], vector_col, dimension, fold_moments,
+                                       merge_moments_bytes)
             word_moments = {key: Moments.from_bytes(p) for (_, key), p in moments.items()}
     return contextual_measures(sums["layer"], sums["word"], sums["sentence"], word_moments)

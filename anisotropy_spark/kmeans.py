@@ -142,7 +142,8 @@ def cluster_moments_pass(vectors: DataFrame, vector_col: str, dimension: int, ce
 
     A task (one per slot, :func:`~anisotropy_spark.keyed.coalesce_to_slots`) holds its k states (k·d²·8 bytes,
     independent of n) and emits them keyed by cluster (:mod:`~anisotropy_spark.keyed`), so no record is larger
-    than one (d, d) state and the driver receives k states. A cluster no row reached comes back as :meth:`Moments.empty`."""
+    than one (d, d) state and the driver receives k states. A cluster no row reached comes back as
+    :meth:`Moments.empty`."""
     centroids = np.asarray(centroids, dtype=np.float64)
     k, d = centroids.shape
 
@@ -150,7 +151,7 @@ def cluster_moments_pass(vectors: DataFrame, vector_col: str, dimension: int, ce
         states = [Moments.empty(d)] * k
         for batch in batches:
             if batch.num_rows:
-                x = batch_matrix(batch, vector_col, d, dtype=None)
+                x = batch_matrix(batch, vector_col, dimension, dtype=None)
                 states = merge_cluster_moments(states, cluster_moments(x, assign(prepare(x, metric), centroids,
                                                                                  metric)[0], k))
         yield from keyed_batches({_cluster_key(c): s.to_bytes() for c, s in enumerate(states) if s.n})

@@ -4,8 +4,8 @@
                                     [--jobs diagnose fit kmeans apply nightly]
 
 For each size it writes a narrow-cone Delta table with Spark (:func:`write_delta_corpus`, generated inside the
-tasks, never the whole table in memory), then runs each job as its own ``python -m jobs.<job>`` subprocess exactly as a user would, with no Spark flags (the embedded session
-sizes itself), sampling every 0.2 s the RSS of the process tree: the driver JVM (``java``), the Python driver
+tasks, never the whole table in memory), then runs each job as its own ``python -m jobs.<job>`` subprocess
+exactly as a user would, with no Spark flags (the embedded session sizes itself), sampling every 0.2 s the RSS of the process tree: the driver JVM (``java``), the Python driver
 (the job process) and the executor Python workers (every other python process, summed). It prints one line per
 job and size, then per job the ratio of the larger size's peaks to the smaller's: memory bounded by design means
 ratios near 1 for 10× the rows. The jobs:
@@ -78,7 +78,8 @@ def job_command(job: str, table: pathlib.Path, work: pathlib.Path) -> list[str]:
         "apply": ["--artifact", str(work / "abtt"), "--output", str(work / "applied")],
         "nightly": ["--metadata-cols", "[]", "--output", str(work / "nightly" / "out"),
                     "--quarantine-path", str(work / "nightly" / "quarantine"),
-                    "--artifacts-dir", str(work / "nightly" / "transforms"), "--runs-dir", str(work / "nightly" / "runs"),
+                    "--artifacts-dir", str(work / "nightly" / "transforms"),
+                    "--runs-dir", str(work / "nightly" / "runs"),
                     "--runs-table", str(work / "nightly" / "runs_table")],
     }[job]
 
