@@ -52,7 +52,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         path = pathlib.Path(tmp) / "corpus"
         X = write_parquet_corpus(path, args.rows, args.dim)
-        config = DiagnoseConfig(input=str(path), metadata_cols=[], clusters=None, metrics_table=None,
+        config = DiagnoseConfig(input=str(path), metadata_cols=[], cluster_k=None, metrics_table=None,
                                 output_dir=str(pathlib.Path(tmp) / "report"))
 
         def floor():
