@@ -22,7 +22,7 @@ from anisotropy_core.moments import Moments
 
 from .arrow import batch_matrix
 from .contract import require_columns
-from .keyed import KEYED_SCHEMA, coalesce_to_slots, keyed_batches, merge_by_key, merge_moments_bytes
+from .keyed import fold_by_key, merge_moments_bytes
 
 
 def _encode_key(key) -> bytes:
@@ -43,7 +43,7 @@ def _fold_partitions(df: DataFrame, columns: list[str], vector_col: str, dimensi
     Arrow batch, merge states within a partition and then across partitions by key with ``merge``
     (:mod:`~anisotropy_spark.keyed`)."""
 
-    def per_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def per_partition(batches: Iterator[pa.RecordBatch]) -> dict[bytes, bytes]:
         states: dict[bytes, bytes] = {}
         for batch in batches:
             if not batch.num_rows:
@@ -52,10 +52,9 @@ def _fold_partitions(df: DataFrame, columns: list[str], vector_col: str, dimensi
             for group, payload in fold(batch_matrix(batch, vector_col, dimension), cols).items():
                 key = _encode_key(group)
                 states[key] = merge(states[key], payload) if key in states else payload
-        yield from keyed_batches(states)
+        return states
 
-    merged = merge_by_key(coalesce_to_slots(df.select(*columns, vector_col)).mapInArrow(per_partition, KEYED_SCHEMA),
-                          merge)
+    merged = fold_by_key(df.select(*columns, vector_col), per_partition, merge)
     return {_decode_key(key): payload for key, payload in merged.items()}
 
 

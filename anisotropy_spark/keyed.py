@@ -1,7 +1,8 @@
 """Keyed partial states merged by key: how a pass whose state is large (k per-cluster (d, d) moments, one
 state per word or sentence) leaves its tasks without ever forming one huge record.
 
-Each task folds its Arrow batches into ``{key: payload bytes}`` and emits them with :func:`keyed_batches` as
+:func:`fold_by_key` is the whole mechanism. Each task folds its Arrow batches into ``{key: payload bytes}``
+and emits them with :func:`keyed_batches` as
 ``(key binary, payload binary)`` rows in Arrow batches of at most :data:`EMIT_BATCH_BYTES` (a single state may
 exceed it; it then travels alone). :func:`merge_by_key` merges the payloads with ``reduceByKey`` (combined
 in the Python workers, never Spark Accumulators), so every record crossing the JVM is one state, a reducer
@@ -49,6 +50,17 @@ def keyed_batches(states: Mapping[bytes, bytes]) -> Iterator[pa.RecordBatch]:
 def _keyed_batch(chunk: Mapping[bytes, bytes]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([pa.array(list(chunk), pa.binary()), pa.array(list(chunk.values()), pa.binary())],
                                       schema=_ARROW_KEYED_SCHEMA)
+
+
+def fold_by_key(df: DataFrame, fold: Callable[[Iterator[pa.RecordBatch]], Mapping[bytes, bytes]],
+                merge: Callable[[bytes, bytes], bytes]) -> dict[bytes, bytes]:
+    """``{key: merged payload}``: ``fold(a partition's Arrow batches of df) -> {key: payload}`` on each partition
+    of ``df`` coalesced to the task slots, the payloads of one key then combined with ``merge(a, b) -> bytes``."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield from keyed_batches(fold(batches))
+
+    return merge_by_key(coalesce_to_slots(df).mapInArrow(run, KEYED_SCHEMA), merge)
 
 
 def merge_by_key(partials: DataFrame, merge: Callable[[bytes, bytes], bytes]) -> dict[bytes, bytes]:

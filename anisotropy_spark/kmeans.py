@@ -41,7 +41,7 @@ from anisotropy_core.moments import Moments
 from .arrow import batch_matrix, matrix_column
 from .estimators import BatchOutputs, CorrectionEstimator, CorrectionModel, register_estimator, register_model_class
 from .io import as_vector_array, infer_dimension
-from .keyed import KEYED_SCHEMA, coalesce_to_slots, keyed_batches, merge_by_key, merge_moments_bytes
+from .keyed import fold_by_key, merge_moments_bytes
 from .params import _ClusterRecenterParams
 
 STATE_SCHEMA = pa.schema([("state", pa.binary())])
@@ -140,24 +140,23 @@ def cluster_moments_pass(vectors: DataFrame, vector_col: str, dimension: int, ce
                          metric: str) -> list[Moments]:
     """One pass: the k :class:`Moments` states (raw vectors, float64) of the clusters of ``centroids`` (k, d).
 
-    A task (one per slot, :func:`~anisotropy_spark.keyed.coalesce_to_slots`) holds its k states (k·d²·8 bytes,
+    A task (one per slot, :func:`~anisotropy_spark.keyed.fold_by_key`) holds its k states (k·d²·8 bytes,
     independent of n) and emits them keyed by cluster (:mod:`~anisotropy_spark.keyed`), so no record is larger
     than one (d, d) state and the driver receives k states. A cluster no row reached comes back as
     :meth:`Moments.empty`."""
     centroids = np.asarray(centroids, dtype=np.float64)
     k, d = centroids.shape
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def fold(batches: Iterator[pa.RecordBatch]) -> dict[bytes, bytes]:
         states = [Moments.empty(d)] * k
         for batch in batches:
             if batch.num_rows:
                 x = batch_matrix(batch, vector_col, dimension, dtype=None)
                 states = merge_cluster_moments(states, cluster_moments(x, assign(prepare(x, metric), centroids,
                                                                                  metric)[0], k))
-        yield from keyed_batches({_cluster_key(c): s.to_bytes() for c, s in enumerate(states) if s.n})
+        return {_cluster_key(c): s.to_bytes() for c, s in enumerate(states) if s.n}
 
-    merged = merge_by_key(coalesce_to_slots(vectors.select(vector_col)).mapInArrow(run, KEYED_SCHEMA),
-                          merge_moments_bytes)
+    merged = fold_by_key(vectors.select(vector_col), fold, merge_moments_bytes)
     return [Moments.from_bytes(merged[_cluster_key(c)]) if _cluster_key(c) in merged else Moments.empty(d)
             for c in range(k)]
 
