@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 if TYPE_CHECKING:   # annotations only: jobs.cli imports GateError, and nightly_config imports the jobs
@@ -20,23 +20,36 @@ class GateError(RuntimeError):
         self.problems = problems
 
 
+def _count_where(condition: Column) -> Column:
+    """The number of rows (of the aggregated group) where ``condition`` holds."""
+    return F.sum(F.when(condition, 1).otherwise(0))
+
+
 def gate(candidate: DataFrame, valid: DataFrame, config: NightlyConfig, d_out: int, out_metrics: dict | None,
          diagnose_error: str | None) -> dict:
     """Check the would-be output against the valid input rows; raise :class:`GateError` listing every failure.
 
-    ``candidate``: the full would-be output table; ``valid``: the validated input rows. Returns the counts.
+    ``candidate``: the full would-be output table; ``valid``: the validated input rows. ONE Spark job reads
+    each once (the candidate is not cached: at 10M × 768 a cached copy is as big as the table): the candidate's
+    rows become (id, copies, wrong-dimension copies, non-finite copies) per id, the valid rows (id, copies),
+    and a full outer join on id of those two small per-id tables gives every count exactly. Returns the counts.
     """
     idc, vec = config.id_col, F.col(config.out_col)
     bad = F.exists(vec, lambda x: x.isNull() | F.isnan(x) | (F.abs(x) == float("inf")))
-    row = candidate.agg(F.count(F.lit(1)).alias("rows"), F.countDistinct(idc).alias("ids"),
-                        F.sum(F.when(vec.isNull() | (F.size(vec) != d_out), 1).otherwise(0)).alias("wrong_dim"),
-                        F.sum(F.when(bad, 1).otherwise(0)).alias("non_finite")).first()
-    expected = valid.count()
-    missing = valid.select(idc).join(candidate.select(idc), idc, "left_anti").count()
-    extra = candidate.select(idc).join(valid.select(idc), idc, "left_anti").count()
-    counts = {"output_rows": int(row["rows"]), "valid_rows": int(expected), "missing_ids": missing,
-              "unexpected_ids": extra, "wrong_dimension": int(row["wrong_dim"] or 0),
-              "non_finite": int(row["non_finite"] or 0)}
+    output = candidate.groupBy(idc).agg(F.count(F.lit(1)).alias("copies"),
+                                        _count_where(vec.isNull() | (F.size(vec) != d_out)).alias("wrong_dim"),
+                                        _count_where(bad).alias("non_finite"))
+    valid_ids = valid.groupBy(idc).agg(F.count(F.lit(1)).alias("valid_copies"))
+    in_output, in_valid = F.col("copies").isNotNull(), F.col("valid_copies").isNotNull()
+    row = output.join(valid_ids, idc, "full_outer").agg(
+        F.sum("copies").alias("rows"), _count_where(in_output).alias("ids"),
+        F.sum("valid_copies").alias("valid_rows"), F.sum("wrong_dim").alias("wrong_dim"),
+        F.sum("non_finite").alias("non_finite"), _count_where(in_valid & ~in_output).alias("missing"),
+        F.sum(F.when(~in_valid, F.col("copies")).otherwise(0)).alias("extra")).first()
+    counts = {"output_rows": int(row["rows"] or 0), "valid_rows": int(row["valid_rows"] or 0),
+              "missing_ids": int(row["missing"] or 0), "unexpected_ids": int(row["extra"] or 0),
+              "wrong_dimension": int(row["wrong_dim"] or 0), "non_finite": int(row["non_finite"] or 0)}
+    expected, missing, extra = counts["valid_rows"], counts["missing_ids"], counts["unexpected_ids"]
     problems = []
     if counts["output_rows"] != expected:
         problems.append(f"output has {counts['output_rows']} rows, the input has {expected} valid rows")

@@ -151,6 +151,22 @@ def test_gate_lists_every_problem(spark, tmp_path):
     assert gate(valid, valid, nightly.NightlyConfig(input="in", output="out"), 2, None, None)["output_rows"] == 3
 
 
+def test_gate_counts_every_copy_and_a_null_id_exactly(spark):
+    """One job, exact counts: an id published three times is 3 output rows and 2 duplicates; a null id is an
+    unexpected row (it matches nothing, and is not a duplicate), a valid id never published is missing."""
+    config = nightly.NightlyConfig(input="in", output="out")
+    valid = spark.createDataFrame([(1, [1.0, 0.0]), (2, [0.0, 1.0]), (3, [1.0, 1.0])], "id long, vector array<double>")
+    candidate = spark.createDataFrame(
+        [(1, [1.0, 0.0]), (1, [1.0, 0.0]), (1, [float("inf"), 0.0]), (None, [0.0, 1.0]), (2, [0.0, 1.0])],
+        "id long, vector array<double>")
+    with pytest.raises(GateError) as caught:
+        gate(candidate, valid, config, 2, None, None)
+    assert caught.value.problems == ["output has 5 rows, the input has 3 valid rows",
+                                     "duplicate ids: 2 rows share an id",
+                                     "id set differs from the input's valid rows: 1 missing, 1 unexpected",
+                                     "1 vectors contain NaN/Inf"]
+
+
 @pytest.mark.parametrize("flags,fragment", [
     (["--method", "magic"], "method: 'magic' is not one of"),
     (["--cluster-k", "many"], "cluster_k: expected int"),
