@@ -41,6 +41,7 @@ from pyspark.sql.types import ArrayType, DoubleType, FloatType, StringType, Stru
 from anisotropy_core import storage
 from anisotropy_core.artifact import Artifact, ArtifactError, build_manifest, load_artifact, save_artifact
 from anisotropy_core.flow import fit_flow
+from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import (DEFAULT_EPS, FitData, FittedTransform, fit_abtt, fit_abtt_pca_abtt,
                                         fit_center, fit_whitening)
 
@@ -138,6 +139,7 @@ class CorrectionEstimator(Estimator, _CorrectionParams, DefaultParamsReadable, D
     """
 
     model_class: type["CorrectionModel"]   # set below, once CorrectionModel exists
+    moment_based = True                    # the fit is a function of the merged moments (see fitMoments)
 
     def setInputCol(self, value: str):
         return self._set(inputCol=value)
@@ -150,6 +152,20 @@ class CorrectionEstimator(Estimator, _CorrectionParams, DefaultParamsReadable, D
         vectors = as_vector_array(dataset.select(col), col)
         d = infer_dimension(vectors, col)
         transform, n = self._fit_transform(vectors, col, d)
+        return self._model(transform, n)
+
+    def fitMoments(self, state: Moments) -> "CorrectionModel":
+        """The model :meth:`fit` gives on the rows whose merged moments are ``state`` (n ≥ d), with no Spark pass:
+        a job that already ran the moments pass over those rows (the nightly's diagnosis) reuses it. Only for
+        ``moment_based`` methods; below n = d, :meth:`fit` takes the Gram route over the rows themselves."""
+        if not self.moment_based:
+            raise ValueError(f"{type(self).__name__} does not fit from moments; call fit on the rows")
+        if state.n < state.d:
+            raise ValueError(f"fitMoments needs n >= d (got n={state.n}, d={state.d}); call fit on the rows")
+        return self._model(self._fit_moments(state), state.n)
+
+    def _model(self, transform: FittedTransform, n: int) -> "CorrectionModel":
+        """The fitted model of ``transform`` (fitted on ``n`` vectors), with this estimator's Params copied."""
         return self._copyValues(self.model_class(transform, n=n)).withFittedParams()
 
     def _fit_transform(self, vectors: DataFrame, col: str, d: int) -> tuple[FittedTransform, int]:
@@ -298,6 +314,8 @@ class FlowEstimator(CorrectionEstimator, _FlowParams):
                   steps: int = 300, couplings: int = 4, hidden: int = 32, batchSize: int = 256,
                   learningRate: float = 1e-2, seed: int = 0) -> "FlowEstimator":
         return self._set(**self._input_kwargs)
+
+    moment_based = False
 
     def _fit_transform(self, vectors, col, d):
         sample, _ = sample_rows(vectors, col, d, [], self.getSampleSize(), self.getSeed())

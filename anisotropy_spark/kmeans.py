@@ -230,6 +230,7 @@ class ClusterRecenterEstimator(CorrectionEstimator, _ClusterRecenterParams):
     """
 
     model_class = ClusterRecenterModel
+    moment_based = False
 
     @keyword_only
     def __init__(self, *, inputCol: str | None = None, outputCol: str | None = None, k: int = 8, D: int = 0,

@@ -4,6 +4,8 @@
 
 Same Delta input, same Spark session, run side by side:
   floor      — read the Delta table, write it to a new Delta table unchanged (the I/O floor)
+  roundtrip  — the part of ``transform`` that is Spark's, no math: read, ``mapInArrow`` that hands every Arrow
+               batch back unchanged, write Delta (the JVM→Python→JVM transfer on top of the floor)
   transform  — read, CorrectionModel.transform (mapInArrow + numpy), add transform_version, write Delta
   job        — the whole apply job (jobs.apply.run_apply: pin version, validate + quarantine count in the
                transform pass, dimension check, one commit)
@@ -48,6 +50,10 @@ def main() -> None:
         def floor():
             spark.read.format("delta").load(source).write.format("delta").mode("overwrite").save(str(root / "floor"))
 
+        def roundtrip():
+            (spark.read.format("delta").load(source).mapInArrow(lambda batches: batches, "id long, vector array<float>")
+             .write.format("delta").mode("overwrite").save(str(root / "roundtrip")))
+
         def transform_only():
             out = model.transform(spark.read.format("delta").load(source))
             (out.withColumn("transform_version", F.lit(manifest["transform_version"]))
@@ -58,7 +64,7 @@ def main() -> None:
                                          on_invalid="quarantine", quarantine_path=str(root / "quarantine"),
                                          force=True))
 
-        best, _ = best_of({"floor": floor, "transform": transform_only, "job": job}, args.repeats)
+        best, _ = best_of({"floor": floor, "roundtrip": roundtrip, "transform": transform_only, "job": job}, args.repeats)
     print(f"table: {args.rows} x {args.dim} float32, method {args.method}, Spark local[2]; best of {args.repeats}")
     print_ratios(best, args.rows, baseline="floor")
     spark.stop()

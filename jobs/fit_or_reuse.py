@@ -14,6 +14,7 @@ from pyspark.sql import DataFrame
 from anisotropy_core import storage
 from anisotropy_core.artifact import Artifact, load_artifact, save_artifact
 from anisotropy_core.decision import Recommendation
+from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import FittedTransform
 from anisotropy_spark.estimators import CorrectionModel, estimator_for, model_class_for
 from anisotropy_spark.io import TableRef
@@ -59,9 +60,14 @@ def candidate_fit(name: str, transform: FittedTransform | None, directions: list
     return name, fit_params(config, name, rec)
 
 
-def fit_model(config: NightlyConfig, method: str, params: dict, valid: DataFrame, ref: TableRef) -> CorrectionModel:
-    """Fit ``method`` with ``params`` on the valid rows; the model writes ``out_col`` and records ``ref``."""
-    model = estimator_for(method, params, config.vector_col).fit(valid).setFittedOn(ref)
+def fit_model(config: NightlyConfig, method: str, params: dict, valid: DataFrame, ref: TableRef,
+              moments: Moments) -> CorrectionModel:
+    """Fit ``method`` with ``params`` on the valid rows, whose merged ``moments`` the diagnosis computed: a
+    moment-based method with n ≥ d fits from them (no second pass over the table), any other reads ``valid``.
+    The model writes ``out_col`` and records ``ref``."""
+    estimator = estimator_for(method, params, config.vector_col)
+    reuse = estimator.moment_based and moments.n >= moments.d
+    model = (estimator.fitMoments(moments) if reuse else estimator.fit(valid)).setFittedOn(ref)
     return model.setOutputCol(config.out_col)
 
 

@@ -162,7 +162,8 @@ def evaluate(ctx: NightlyContext, info: dict) -> None:
 
 
 def fit(ctx: NightlyContext, info: dict) -> None:
-    """Reuse the last published transform when allowed (:func:`jobs.fit_or_reuse.reusable`), else fit and save.
+    """Reuse the last published transform when allowed (:func:`jobs.fit_or_reuse.reusable`), else fit (from the
+    diagnosis's moments when the method is moment-based: no second pass) and save.
     An evaluation candidate chosen by :func:`evaluate` is already fitted: it is saved, not fitted again."""
     config, method = ctx.config, ctx.method
     if ctx.chosen is not None:
@@ -177,7 +178,8 @@ def fit(ctx: NightlyContext, info: dict) -> None:
             ctx.model, artifact_path = model_from(reused, config), ctx.previous["artifact"]
         else:
             ctx.model = model_of(ctx.chosen_transform, ctx.report.n, config, ctx.ref) \
-                if ctx.chosen_transform is not None else fit_model(config, method, params, ctx.valid, ctx.ref)
+                if ctx.chosen_transform is not None \
+                else fit_model(config, method, params, ctx.valid, ctx.ref, ctx.moments)
             artifact_path = save_fit(config, ctx.model, method, params, ctx.record["input_metrics"])
             ctx.refitted = True
     ctx.transform_version = ctx.model.transform_version if ctx.model is not None else "none"

@@ -11,8 +11,10 @@ from anisotropy_core import synthetic
 from anisotropy_core.artifact import ArtifactError, load_artifact
 from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import fit_abtt, fit_center, fit_whitening
-from anisotropy_spark.estimators import (AllButTheTopEstimator, CenterEstimator, CorrectionModel,
-                                         WhiteningEstimator)
+from anisotropy_spark.estimators import (AbttPcaAbttEstimator, AllButTheTopEstimator, CenterEstimator,
+                                         CorrectionModel, FlowEstimator, WhiteningEstimator)
+from anisotropy_spark.kmeans import ClusterRecenterEstimator
+from anisotropy_spark.moments import corpus_moments
 
 N, D = 400, 12
 
@@ -59,6 +61,28 @@ def test_spark_matches_numpy(spark, data, frame, estimator, numpy_fit):
     expected = expected_frame(spark, np.arange(N), model.transform_.apply(data))   # Spark path vs numpy
     assert_approx_df_equality(actual, expected, precision=1e-9, ignore_row_order=True, ignore_nullable=True)
     assert np.allclose(model.transform_.apply(data), reference.apply(data), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("estimator", [CenterEstimator(), AllButTheTopEstimator(D=2),
+                                       WhiteningEstimator(k=5, shrinkage=0.05), AbttPcaAbttEstimator(D=1, k=6)])
+def test_fit_moments_is_fit_without_the_pass(frame, estimator):
+    """The nightly fits from its diagnosis's moments: the same transform, array for array, and the same Params."""
+    by_rows = estimator.copy().setOutputCol("out").fit(frame)
+    by_moments = estimator.copy().setOutputCol("out").fitMoments(corpus_moments(frame, "vector", D))
+    assert by_moments.transform_.params() == by_rows.transform_.params()
+    for name, array in by_rows.transform_.arrays().items():
+        assert np.array_equal(by_moments.transform_.arrays()[name], array), name
+    assert (by_moments.n, by_moments.getOutputCol(), type(by_moments)) == (by_rows.n, "out", type(by_rows))
+    assert by_moments.transform_version == by_rows.transform_version
+
+
+def test_fit_moments_refuses_what_moments_do_not_determine(data):
+    with pytest.raises(ValueError, match="ClusterRecenterEstimator does not fit from moments"):
+        ClusterRecenterEstimator(k=2).fitMoments(Moments.of_batch(data))
+    with pytest.raises(ValueError, match="FlowEstimator does not fit from moments"):
+        FlowEstimator().fitMoments(Moments.of_batch(data))
+    with pytest.raises(ValueError, match=r"needs n >= d \(got n=5, d=12\)"):
+        AllButTheTopEstimator(D=1).fitMoments(Moments.of_batch(data[:5]))
 
 
 def test_abtt_auto_d_reports_rule(frame):
