@@ -6,8 +6,9 @@
 For each size it writes a narrow-cone Delta table with Spark (:func:`write_delta_corpus`, generated inside the
 tasks, never the whole table in memory), then runs each job as its own ``python -m jobs.<job>`` subprocess
 exactly as a user would, with no Spark flags (the embedded session sizes itself), sampling every 0.2 s the RSS of the process tree: the driver JVM (``java``), the Python driver
-(the job process) and the executor Python workers (every other python process, summed). It prints one line per
-job and size, then per job the ratio of the larger size's peaks to the smaller's: memory bounded by design means
+(the job process) and the executor Python workers (every other python process, summed), and from each JVM's GC
+log the largest heap occupancy right after a collection (the live heap's bound: JVM RSS only shows the heap it
+grew to). It prints one line per job and size, then per job the ratio of the larger size's peaks to the smaller's: memory bounded by design means
 ratios near 1 for 10× the rows. The jobs:
 
 * ``diagnose`` — ``jobs.diagnose`` without clusters or metadata columns (moments, sample, report files);
@@ -21,13 +22,15 @@ ratios near 1 for 10× the rows. The jobs:
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
 import time
 
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 import psutil
@@ -40,13 +43,28 @@ ROWS_PER_TASK = 250_000
 ROWS_PER_BATCH = 10_000
 JOBS = ("diagnose", "fit", "kmeans", "apply", "nightly")
 PEAKS = ("jvm", "python_driver", "python_workers")
+GC_AFTER = re.compile(r"Pause \w.*?->(\d+)M\(")
+
+
+def heap_after_gc(gc_logs: Iterable[pathlib.Path]) -> float:
+    """The largest Java heap occupancy right after a collection (MiB) in the unified GC logs ``gc_logs``
+    (``-Xlog:gc`` lines ``… Pause Young (Normal) (G1 Evacuation Pause) 1500M->300M(6144M) 12.3ms``): a bound on
+    the live heap, which RSS is not (the JVM keeps the heap it has grown to until it exits)."""
+    after = [float(m) for log in gc_logs for m in GC_AFTER.findall(log.read_text(errors="replace"))]
+    return max(after, default=0.0)
 
 
 def peak_rss(command: list[str], log: pathlib.Path) -> dict[str, float]:
     """Run ``command`` (stdout and stderr to ``log``); return peak RSS in MiB of {"jvm", "python_driver",
-    "python_workers"} and its wall-clock "seconds". Raises if it exits non-zero."""
+    "python_workers"}, the JVMs' largest heap after a collection ("jvm_heap_after_gc", MiB, from a GC log
+    each JVM writes next to ``log`` through ``JAVA_TOOL_OPTIONS``: logging only, no memory setting) and its
+    wall-clock "seconds". Raises if it exits non-zero."""
+    gc_prefix = log.with_suffix("")
+    for stale in log.parent.glob(f"{gc_prefix.name}-gc-*.log"):
+        stale.unlink()
+    env = {**os.environ, "JAVA_TOOL_OPTIONS": f"-Xlog:gc:file={gc_prefix}-gc-%p.log"}
     with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
         driver = psutil.Process(process.pid)
         peaks = dict.fromkeys(PEAKS, 0.0)
         start = time.perf_counter()
@@ -62,7 +80,8 @@ def peak_rss(command: list[str], log: pathlib.Path) -> dict[str, float]:
             time.sleep(SAMPLE_SECONDS)
     if process.returncode:
         raise RuntimeError(f"{' '.join(command)} exited {process.returncode}; see {log}")
-    return {**peaks, "seconds": time.perf_counter() - start}
+    return {**peaks, "jvm_heap_after_gc": heap_after_gc(log.parent.glob(f"{gc_prefix.name}-gc-*.log")),
+            "seconds": time.perf_counter() - start}
 
 
 def job_command(job: str, table: pathlib.Path, work: pathlib.Path) -> list[str]:
@@ -132,14 +151,15 @@ def main() -> None:
             work = root / "work"
             r = results[job][rows] = peak_rss(job_command(job, table, work), root / f"{job}.log")
             print(f"{job:9s} {rows:>11,} x {args.dim}: {r['seconds']:8.1f} s  peak RSS jvm {r['jvm']:7.0f} MiB  "
-                  f"python driver {r['python_driver']:6.0f} MiB  python workers {r['python_workers']:6.0f} MiB",
+                  f"python driver {r['python_driver']:6.0f} MiB  python workers {r['python_workers']:6.0f} MiB  "
+                  f"jvm heap after GC {r['jvm_heap_after_gc']:6.0f} MiB",
                   flush=True)
             for output in ("applied", "nightly"):
                 shutil.rmtree(work / output, ignore_errors=True)
     small, large = args.rows[0], args.rows[-1]
     for job, by_size in results.items() if len(args.rows) > 1 else ():
         print(f"{job:9s} peak ratio for {large / small:.0f}x the rows: " + "  ".join(
-            f"{k} {by_size[large][k] / max(by_size[small][k], 1e-9):.2f}" for k in PEAKS))
+            f"{k} {by_size[large][k] / max(by_size[small][k], 1e-9):.2f}" for k in PEAKS + ("jvm_heap_after_gc",)))
 
 
 if __name__ == "__main__":
