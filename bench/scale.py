@@ -6,9 +6,8 @@
 For each size it writes a narrow-cone Delta table with Spark (:func:`write_delta_corpus`, generated inside the
 tasks, never the whole table in memory), then runs each job as its own ``python -m jobs.<job>`` subprocess
 exactly as a user would, with no Spark flags (the embedded session sizes itself), sampling every 0.2 s the RSS of the process tree: the driver JVM (``java``), the Python driver
-(the job process) and the executor Python workers (every other python process, summed), and from each JVM's GC
-log the largest heap occupancy right after a collection (the live heap's bound: JVM RSS only shows the heap it
-grew to). It prints one line per job and size, then per job the ratio of the larger size's peaks to the smaller's: memory bounded by design means
+(the job process) and the executor Python workers (every other python process, summed), and the driver JVM's
+live heap: the heap a full collection leaves, requested every 15 s (JVM RSS only shows the heap it grew to). It prints one line per job and size, then per job the ratio of the larger size's peaks to the smaller's: memory bounded by design means
 ratios near 1 for 10× the rows. The jobs:
 
 * ``diagnose`` — ``jobs.diagnose`` without clusters or metadata columns (moments, sample, report files);
@@ -43,22 +42,25 @@ ROWS_PER_TASK = 250_000
 ROWS_PER_BATCH = 10_000
 JOBS = ("diagnose", "fit", "kmeans", "apply", "nightly")
 PEAKS = ("jvm", "python_driver", "python_workers")
-GC_AFTER = re.compile(r"Pause \w.*?->(\d+)M\(")
+LIVE_HEAP_SECONDS = 15.0
+FULL_GC_AFTER = re.compile(r"Pause Full \(Diagnostic Command\) \d+M->(\d+)M\(")
 
 
-def heap_after_gc(gc_logs: Iterable[pathlib.Path]) -> float:
-    """The largest Java heap occupancy right after a collection (MiB) in the unified GC logs ``gc_logs``
-    (``-Xlog:gc`` lines ``… Pause Young (Normal) (G1 Evacuation Pause) 1500M->300M(6144M) 12.3ms``): a bound on
-    the live heap, which RSS is not (the JVM keeps the heap it has grown to until it exits)."""
-    after = [float(m) for log in gc_logs for m in GC_AFTER.findall(log.read_text(errors="replace"))]
+def live_heap_peak(gc_logs: Iterable[pathlib.Path]) -> float:
+    """The largest Java heap left by a full collection (MiB) in the unified GC logs ``gc_logs``: the live heap
+    at that moment. Only the full collections :func:`peak_rss` requests count (``Pause Full (Diagnostic Command)
+    4000M->600M(6144M)``): the heap after a young or remark pause still holds garbage G1 has not reclaimed yet,
+    so it tracks G1's heap sizing, not the job's data."""
+    after = [float(m) for log in gc_logs for m in FULL_GC_AFTER.findall(log.read_text(errors="replace"))]
     return max(after, default=0.0)
 
 
 def peak_rss(command: list[str], log: pathlib.Path) -> dict[str, float]:
     """Run ``command`` (stdout and stderr to ``log``); return peak RSS in MiB of {"jvm", "python_driver",
-    "python_workers"}, the JVMs' largest heap after a collection ("jvm_heap_after_gc", MiB, from a GC log
-    each JVM writes next to ``log`` through ``JAVA_TOOL_OPTIONS``: logging only, no memory setting) and its
-    wall-clock "seconds". Raises if it exits non-zero."""
+    "python_workers"}, the driver JVM's sampled live-heap peak ("jvm_live_heap", MiB: every
+    ``LIVE_HEAP_SECONDS`` a full collection is requested with ``jcmd <pid> GC.run`` and the heap it leaves is
+    read from the GC log each JVM writes next to ``log`` through ``JAVA_TOOL_OPTIONS`` — logging only, no
+    memory setting) and its wall-clock "seconds". Raises if it exits non-zero."""
     gc_prefix = log.with_suffix("")
     for stale in log.parent.glob(f"{gc_prefix.name}-gc-*.log"):
         stale.unlink()
@@ -67,20 +69,27 @@ def peak_rss(command: list[str], log: pathlib.Path) -> dict[str, float]:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
         driver = psutil.Process(process.pid)
         peaks = dict.fromkeys(PEAKS, 0.0)
-        start = time.perf_counter()
+        start = last_full_gc = time.perf_counter()
         while process.poll() is None:
+            jvms = []
             try:
                 current = {"jvm": 0.0, "python_driver": driver.memory_info().rss, "python_workers": 0.0}
                 for child in driver.children(recursive=True):
-                    current["jvm" if "java" in child.name() else "python_workers"] += child.memory_info().rss
+                    is_jvm = "java" in child.name()
+                    current["jvm" if is_jvm else "python_workers"] += child.memory_info().rss
+                    jvms += [child.pid] if is_jvm else []
             except psutil.Error:
                 pass
             else:
                 peaks = {k: max(peaks[k], current[k] / (1 << 20)) for k in PEAKS}
+            if time.perf_counter() - last_full_gc > LIVE_HEAP_SECONDS:
+                for pid in jvms:      # a JVM that just exited or is not attachable yet: no sample this time
+                    subprocess.run(["jcmd", str(pid), "GC.run"], capture_output=True, timeout=120, check=False)
+                last_full_gc = time.perf_counter()
             time.sleep(SAMPLE_SECONDS)
     if process.returncode:
         raise RuntimeError(f"{' '.join(command)} exited {process.returncode}; see {log}")
-    return {**peaks, "jvm_heap_after_gc": heap_after_gc(log.parent.glob(f"{gc_prefix.name}-gc-*.log")),
+    return {**peaks, "jvm_live_heap": live_heap_peak(log.parent.glob(f"{gc_prefix.name}-gc-*.log")),
             "seconds": time.perf_counter() - start}
 
 
@@ -152,14 +161,14 @@ def main() -> None:
             r = results[job][rows] = peak_rss(job_command(job, table, work), root / f"{job}.log")
             print(f"{job:9s} {rows:>11,} x {args.dim}: {r['seconds']:8.1f} s  peak RSS jvm {r['jvm']:7.0f} MiB  "
                   f"python driver {r['python_driver']:6.0f} MiB  python workers {r['python_workers']:6.0f} MiB  "
-                  f"jvm heap after GC {r['jvm_heap_after_gc']:6.0f} MiB",
+                  f"jvm live heap {r['jvm_live_heap']:6.0f} MiB",
                   flush=True)
             for output in ("applied", "nightly"):
                 shutil.rmtree(work / output, ignore_errors=True)
     small, large = args.rows[0], args.rows[-1]
     for job, by_size in results.items() if len(args.rows) > 1 else ():
         print(f"{job:9s} peak ratio for {large / small:.0f}x the rows: " + "  ".join(
-            f"{k} {by_size[large][k] / max(by_size[small][k], 1e-9):.2f}" for k in PEAKS + ("jvm_heap_after_gc",)))
+            f"{k} {by_size[large][k] / max(by_size[small][k], 1e-9):.2f}" for k in PEAKS + ("jvm_live_heap",)))
 
 
 if __name__ == "__main__":
