@@ -302,6 +302,8 @@ class FlowEstimator(CorrectionEstimator, _FlowParams):
     """BERT-flow (seed ch. 5): a Glow-style flow (:mod:`anisotropy_core.flow`) trained by maximum likelihood
     on a uniform sample of ``sampleSize`` rows collected on the driver, for ``steps`` Adam steps."""
 
+    moment_based = False
+
     @keyword_only
     def __init__(self, *, inputCol: str | None = None, outputCol: str | None = None, sampleSize: int = 5000,
                  steps: int = 300, couplings: int = 4, hidden: int = 32, batchSize: int = 256,
@@ -314,8 +316,6 @@ class FlowEstimator(CorrectionEstimator, _FlowParams):
                   steps: int = 300, couplings: int = 4, hidden: int = 32, batchSize: int = 256,
                   learningRate: float = 1e-2, seed: int = 0) -> "FlowEstimator":
         return self._set(**self._input_kwargs)
-
-    moment_based = False
 
     def _fit_transform(self, vectors, col, d):
         sample, _ = sample_rows(vectors, col, d, [], self.getSampleSize(), self.getSeed())
