@@ -158,11 +158,15 @@ class CorrectionEstimator(Estimator, _CorrectionParams, DefaultParamsReadable, D
         """The model :meth:`fit` gives on the rows whose merged moments are ``state`` (n ≥ d), with no Spark pass:
         a job that already ran the moments pass over those rows (the nightly's diagnosis) reuses it. Only for
         ``moment_based`` methods; below n = d, :meth:`fit` takes the Gram route over the rows themselves."""
-        if not self.moment_based:
-            raise ValueError(f"{type(self).__name__} does not fit from moments; call fit on the rows")
-        if state.n < state.d:
-            raise ValueError(f"fitMoments needs n >= d (got n={state.n}, d={state.d}); call fit on the rows")
+        if not self.canFitMoments(state):
+            raise ValueError(f"{type(self).__name__} does not fit from moments; call fit on the rows"
+                             if not self.moment_based else
+                             f"fitMoments needs n >= d (got n={state.n}, d={state.d}); call fit on the rows")
         return self._model(self._fit_moments(state), state.n)
+
+    def canFitMoments(self, state: Moments) -> bool:
+        """Whether :meth:`fitMoments` applies to ``state``: a ``moment_based`` method and n ≥ d."""
+        return self.moment_based and state.n >= state.d
 
     def _model(self, transform: FittedTransform, n: int) -> "CorrectionModel":
         """The fitted model of ``transform`` (fitted on ``n`` vectors), with this estimator's Params copied."""

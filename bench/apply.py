@@ -51,7 +51,8 @@ def main() -> None:
             spark.read.format("delta").load(source).write.format("delta").mode("overwrite").save(str(root / "floor"))
 
         def roundtrip():
-            (spark.read.format("delta").load(source).mapInArrow(lambda batches: batches, "id long, vector array<float>")
+            table = spark.read.format("delta").load(source)
+            (table.mapInArrow(lambda batches: batches, table.schema)
              .write.format("delta").mode("overwrite").save(str(root / "roundtrip")))
 
         def transform_only():

@@ -66,8 +66,8 @@ def fit_model(config: NightlyConfig, method: str, params: dict, valid: DataFrame
     moment-based method with n ≥ d fits from them (no second pass over the table), any other reads ``valid``.
     The model writes ``out_col`` and records ``ref``."""
     estimator = estimator_for(method, params, config.vector_col)
-    reuse = estimator.moment_based and moments.n >= moments.d
-    model = (estimator.fitMoments(moments) if reuse else estimator.fit(valid)).setFittedOn(ref)
+    fitted = estimator.fitMoments(moments) if estimator.canFitMoments(moments) else estimator.fit(valid)
+    model = fitted.setFittedOn(ref)
     return model.setOutputCol(config.out_col)
 
 
