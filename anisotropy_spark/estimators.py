@@ -168,6 +168,12 @@ class CorrectionEstimator(Estimator, _CorrectionParams, DefaultParamsReadable, D
         """Whether :meth:`fitMoments` applies to ``state``: a ``moment_based`` method and n ≥ d."""
         return self.moment_based and state.n >= state.d
 
+    def fitWithMoments(self, dataset: DataFrame, state: Moments | None) -> "CorrectionModel":
+        """:meth:`fitMoments` on ``state``, the merged moments of ``dataset``'s vectors that a job's validation
+        pass already computed, when :meth:`canFitMoments`; else (or with ``state`` None) :meth:`fit` on
+        ``dataset``. Either way the model :meth:`fit` gives."""
+        return self.fitMoments(state) if state is not None and self.canFitMoments(state) else self.fit(dataset)
+
     def _model(self, transform: FittedTransform, n: int) -> "CorrectionModel":
         """The fitted model of ``transform`` (fitted on ``n`` vectors), with this estimator's Params copied."""
         return self._copyValues(self.model_class(transform, n=n)).withFittedParams()

@@ -21,8 +21,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DoubleType, FloatType, StringType, StructField, StructType
 
+from anisotropy_core.moments import Moments
+
 from .contract import REASON_COLUMN, InvalidRowsError, SchemaError, Tally, check_batch, require_columns
-from .moments import TREE_DEPTH
+from .moments import TREE_DEPTH, checked_moments, corpus_moments
 from .quarantine import Duplicates, find_duplicates, write_quarantine
 
 INFER_ROWS = 10_000
@@ -165,6 +167,7 @@ class ValidatedInput:
     dimension: int
     invalid_count: int
     invalid_by_reason: dict[str, int]
+    moments: Moments | None = None     # the valid rows' merged moments (``with_moments``), else None
 
 
 def require_column(df: DataFrame, column: str, role: str) -> None:
@@ -174,24 +177,30 @@ def require_column(df: DataFrame, column: str, role: str) -> None:
 
 def validate(df: DataFrame, vector_col: str, id_col: str, dimension: int | None = None,
              on_invalid: str = "error", quarantine_path: str | None = None, *, run_id: str | None = None,
-             input_version: int | None = None) -> ValidatedInput:
+             input_version: int | None = None, with_moments: bool = False) -> ValidatedInput:
     """Count the invalid rows of ``df`` (one pass over id + vector, nothing cached) and the duplicated ids among
     the others (one aggregate over the ids), act on them (:func:`settle_invalid`) and return the valid rows:
     neither invalid nor sharing an id.
 
-    Jobs whose first pass reads every vector anyway (diagnose) fold the count into that pass instead.
+    ``with_moments``: the counting pass is the moments pass (:func:`~anisotropy_spark.moments.checked_moments`),
+    so a job that needs the valid rows' moments (diagnose, nightly, a moment-based fit) reads the vectors once;
+    the result's ``moments`` holds them, recomputed in one more pass only when duplicated ids were set aside.
     """
     if on_invalid not in ("error", "quarantine"):
         raise ValueError(f"on_invalid must be 'error' or 'quarantine', got {on_invalid!r}")
     require_column(df, id_col, "id")
     d = dimension if dimension is not None else infer_dimension(df, vector_col)
-    tally = count_invalid(df, vector_col, id_col, d)
+    state, tally = checked_moments(df, vector_col, id_col, d) if with_moments else \
+        (None, count_invalid(df, vector_col, id_col, d))
     valid = valid_rows(df, vector_col, id_col, d, tally)
     duplicates = find_duplicates(valid, id_col)
     settle_invalid(df, tally, vector_col, id_col, d, on_invalid, quarantine_path, duplicates=duplicates,
                    run_id=run_id, input_version=input_version)
     valid = duplicates.drop_from(valid)
     found = tally.merge(duplicates.tally)
-    if valid.isEmpty():
+    if state is not None and duplicates.tally.total:
+        state = corpus_moments(valid, vector_col, d)
+    if valid.isEmpty() if state is None else state.n == 0:
         raise InvalidRowsError(f"no valid rows left in column {vector_col!r} after validation ({found.counts})")
-    return ValidatedInput(valid=valid, dimension=d, invalid_count=found.total, invalid_by_reason=found.counts)
+    return ValidatedInput(valid=valid, dimension=d, invalid_count=found.total, invalid_by_reason=found.counts,
+                          moments=state)

@@ -5,14 +5,15 @@
 
 For each size it writes a narrow-cone Delta table with Spark (:func:`write_delta_corpus`, generated inside the
 tasks, never the whole table in memory), then runs each job as its own ``python -m jobs.<job>`` subprocess
-exactly as a user would, with no Spark flags (the embedded session sizes itself), sampling every 0.2 s the RSS of the process tree: the driver JVM (``java``), the Python driver
-(the job process) and the executor Python workers (every other python process, summed as RSS and as PSS, and
-counted), and the driver JVM's live heap: the heap a full collection leaves, requested every 15 s (JVM RSS only
-shows the heap it grew to). It prints one line per job and size, then per job the ratio of the larger size's
-peaks to the smaller's: memory bounded by design means ratios near 1 for 10× the rows. The jobs:
+exactly as a user would, with no Spark flags (the embedded session sizes itself), sampling every 0.2 s the RSS
+of the process tree: the driver JVM (``java``), the Python driver (the job process) and the executor Python
+workers (every other python process, summed as RSS and as PSS, counted, and the largest one), and the driver
+JVM's live heap: the heap a full collection leaves, requested every 15 s (JVM RSS only shows the heap it grew
+to). It prints one line per job and size, then per job the ratio of the larger size's peaks to the smaller's:
+memory bounded by design means ratios near 1 for 10× the rows. The jobs:
 
 * ``diagnose`` — ``jobs.diagnose`` without clusters or metadata columns (moments, sample, report files);
-* ``fit``      — ``jobs.fit --method abtt`` (one moments pass, D from the Marchenko–Pastur edge);
+* ``fit``      — ``jobs.fit --method abtt`` (one pass: validation and moments; D from the Marchenko–Pastur edge);
 * ``kmeans``   — ``jobs.fit --method cluster_recenter --k 64`` (sample pass, driver fit, full k-means passes,
   per-cluster moments);
 * ``apply``    — ``jobs.apply`` of the ``fit`` artifact into a new Delta table (validation, transform, one commit);
@@ -42,7 +43,8 @@ SAMPLE_SECONDS = 0.2
 ROWS_PER_TASK = 250_000
 ROWS_PER_BATCH = 10_000
 JOBS = ("diagnose", "fit", "kmeans", "apply", "nightly")
-PEAKS = ("jvm", "python_driver", "python_workers", "python_workers_pss", "python_worker_count")
+PEAKS = ("jvm", "python_driver", "python_workers", "python_workers_pss", "python_worker_count",
+         "python_worker_largest")
 MIB = 1 << 20
 LIVE_HEAP_SECONDS = 15.0
 FULL_GC_AFTER = re.compile(r"Pause Full \(Diagnostic Command\) \d+M->(\d+)M\(")
@@ -60,8 +62,9 @@ def live_heap_peak(gc_logs: Iterable[pathlib.Path]) -> float:
 def peak_rss(command: list[str], log: pathlib.Path) -> dict[str, float]:
     """Run ``command`` (stdout and stderr to ``log``); return peak RSS in MiB of {"jvm", "python_driver",
     "python_workers"}, the workers' peak summed PSS ("python_workers_pss": a forked worker's pages shared with
-    ``pyspark.daemon`` counted once, not once per worker as summed RSS does) and most simultaneous worker
-    processes ("python_worker_count"), the driver JVM's sampled live-heap peak ("jvm_live_heap", MiB: every
+    ``pyspark.daemon`` counted once, not once per worker as summed RSS does), most simultaneous worker
+    processes ("python_worker_count") and the largest RSS any one worker reached ("python_worker_largest": the
+    memory of one task's Python side), the driver JVM's sampled live-heap peak ("jvm_live_heap", MiB: every
     ``LIVE_HEAP_SECONDS`` a full collection is requested with ``jcmd <pid> GC.run`` and the heap it leaves is
     read from the GC log each JVM writes next to ``log`` through ``JAVA_TOOL_OPTIONS`` — logging only, no
     memory setting) and its wall-clock "seconds". Raises if it exits non-zero."""
@@ -87,6 +90,7 @@ def peak_rss(command: list[str], log: pathlib.Path) -> dict[str, float]:
                     current["python_workers"] += memory.rss / MIB
                     current["python_workers_pss"] += memory.pss / MIB
                     current["python_worker_count"] += 1
+                    current["python_worker_largest"] = max(current["python_worker_largest"], memory.rss / MIB)
             except psutil.Error:
                 pass
             else:
@@ -170,7 +174,8 @@ def main() -> None:
             r = results[job][rows] = peak_rss(job_command(job, table, work), root / f"{job}.log")
             print(f"{job:9s} {rows:>11,} x {args.dim}: {r['seconds']:8.1f} s  peak RSS jvm {r['jvm']:7.0f} MiB  "
                   f"python driver {r['python_driver']:6.0f} MiB  python workers {r['python_workers']:6.0f} MiB "
-                  f"(PSS {r['python_workers_pss']:6.0f} MiB, at most {r['python_worker_count']:.0f} processes)  "
+                  f"(PSS {r['python_workers_pss']:6.0f} MiB, at most {r['python_worker_count']:.0f} processes, "
+                  f"largest one {r['python_worker_largest']:5.0f} MiB)  "
                   f"jvm live heap {r['jvm_live_heap']:6.0f} MiB",
                   flush=True)
             for output in ("applied", "nightly"):

@@ -31,11 +31,8 @@ from anisotropy_core.isotropy_measures import (isoscore_from_spectrum, partition
                                                sign_structure_null, uniformity)
 from anisotropy_core.report import CLUSTER_KEYS, cell_text, write_report_assets
 from anisotropy_spark.diagnostics import DEFAULT_DIRECTIONS, pair_alignment, sample_rows, u1_artefact_test
-from anisotropy_spark.io import (InvalidRowsError, as_vector_array, infer_dimension, read_table, require_column,
-                                 settle_invalid, valid_rows)
+from anisotropy_spark.io import as_vector_array, read_table, validate
 from anisotropy_spark.kmeans import fit_kmeans, spark_cluster_diagnostics
-from anisotropy_spark.moments import checked_moments, corpus_moments
-from anisotropy_spark.quarantine import find_duplicates
 from anisotropy_spark.session import get_spark
 from jobs.cli import run
 from jobs.config import EvaluationConfig, InputSettings, config_hash, parse_args
@@ -131,25 +128,11 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
     with timed_stage(log, timings, "read"):
         df, ref = read_table(spark, config.input, config.input_version)
         vectors = as_vector_array(df, vector_col)
-        require_column(vectors, id_col, "id")
-        d = config.dimension if config.dimension is not None else infer_dimension(vectors, vector_col)
-    with timed_stage(log, timings, "moments") as info:
-        state, tally = checked_moments(vectors, vector_col, id_col, d)
-        info["rows"] = state.n + tally.total
-    valid = valid_rows(vectors, vector_col, id_col, d, tally)
-    with timed_stage(log, timings, "invalid") as info:
-        duplicates = find_duplicates(valid, id_col)
-        settle_invalid(vectors, tally, vector_col, id_col, d, config.on_invalid, config.quarantine_path,
-                       duplicates=duplicates, input_version=ref.version)
-        tally = tally.merge(duplicates.tally)
-        info["rows"] = tally.total
-    if duplicates.tally.total:      # quarantined: the moments are those of the rows left (one more pass)
-        valid = duplicates.drop_from(valid)
-        with timed_stage(log, timings, "moments_without_duplicates") as info:
-            state = corpus_moments(valid, vector_col, d)
-            info["rows"] = state.n
-    if state.n == 0:
-        raise InvalidRowsError(f"no valid rows left in column {vector_col!r} after validation ({tally.counts})")
+    with timed_stage(log, timings, "moments") as info:     # validation, quarantine and moments in one pass
+        checked = validate(vectors, vector_col, id_col, config.dimension, config.on_invalid, config.quarantine_path,
+                           input_version=ref.version, with_moments=True)
+        state, valid, d = checked.moments, checked.valid, checked.dimension
+        info["rows"] = state.n + checked.invalid_count
     report = diagnose(state)
     with timed_stage(log, timings, "artefact") as info:
         artefact = u1_artefact_test(valid, vector_col, report, config.metadata_cols, config.label_col,
@@ -184,8 +167,8 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "input": dataclasses.asdict(ref),
         "config_hash": config_hash(config),
-        "invalid_rows": tally.total,
-        "invalid_by_reason": tally.counts,
+        "invalid_rows": checked.invalid_count,
+        "invalid_by_reason": checked.invalid_by_reason,
         "metrics": {k: defined(v) for k, v in metrics.items()},
         "stages": timings,
         "recommendation": recommendation.to_dict(),

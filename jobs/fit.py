@@ -82,9 +82,11 @@ class FitConfig(InputSettings):
 def run_fit(spark: SparkSession, config: FitConfig) -> dict:
     """Fit and save; returns the saved (hash-verified, reloaded) manifest."""
     df, ref = read_table(spark, config.input, config.input_version)
+    estimator = config.estimator()
     checked = validate(as_vector_array(df, config.vector_col), config.vector_col, config.id_col, config.dimension,
-                       config.on_invalid, config.quarantine_path, input_version=ref.version)
-    model = config.estimator().fit(checked.valid).setFittedOn(ref)
+                       config.on_invalid, config.quarantine_path, input_version=ref.version,
+                       with_moments=estimator.moment_based)   # a moment-based fit then needs no second pass
+    model = estimator.fitWithMoments(checked.valid, checked.moments).setFittedOn(ref)
     model.write().overwrite().save(config.artifact)
     return load_artifact(config.artifact).manifest
 

@@ -66,8 +66,7 @@ def fit_model(config: NightlyConfig, method: str, params: dict, valid: DataFrame
     moment-based method with n ≥ d fits from them (no second pass over the table), any other reads ``valid``.
     The model writes ``out_col`` and records ``ref``."""
     estimator = estimator_for(method, params, config.vector_col)
-    fitted = estimator.fitMoments(moments) if estimator.canFitMoments(moments) else estimator.fit(valid)
-    model = fitted.setFittedOn(ref)
+    model = estimator.fitWithMoments(valid, moments).setFittedOn(ref)
     return model.setOutputCol(config.out_col)
 
 

@@ -23,7 +23,6 @@ from anisotropy_spark.diagnostics import diagnose_dataframe, u1_artefact_test
 from anisotropy_spark.estimators import CorrectionModel
 from anisotropy_spark.io import TableRef, ValidatedInput, as_vector_array, read_table, validate
 from anisotropy_spark.kmeans import fit_cluster_recenter
-from anisotropy_spark.moments import corpus_moments
 from anisotropy_spark.publish import OutputState, PublishTarget, only_appends, output_state, publish
 from anisotropy_spark.quarantine import DUPLICATE_ID
 from jobs import evaluation
@@ -98,21 +97,22 @@ def read(ctx: NightlyContext, info: dict) -> None:
 
 def validate_input(ctx: NightlyContext, info: dict) -> None:
     """Quarantine (with a reason, the run id and the input version) or refuse the invalid rows and every copy
-    of a duplicated id; see :func:`anisotropy_spark.io.validate`."""
+    of a duplicated id, in the pass that also merges the valid rows' moments for :func:`diagnose`; see
+    :func:`anisotropy_spark.io.validate`."""
     config = ctx.config
     ctx.checked = validate(as_vector_array(ctx.input_df, config.vector_col), config.vector_col, config.id_col,
                            config.dimension, config.on_invalid, config.quarantine_path,
-                           run_id=ctx.record["run_id"], input_version=ctx.ref.version)
-    ctx.valid = ctx.checked.valid
+                           run_id=ctx.record["run_id"], input_version=ctx.ref.version, with_moments=True)
+    ctx.valid, ctx.moments = ctx.checked.valid, ctx.checked.moments
+    info["rows"] = ctx.moments.n + ctx.checked.invalid_count
     ctx.record["counts"].update(invalid_rows=ctx.checked.invalid_count,
                                 invalid_by_reason=ctx.checked.invalid_by_reason)
 
 
 def diagnose(ctx: NightlyContext, info: dict) -> None:
-    """One moments pass + the per-direction artefact test; with ``mixture_check``, k-means, the per-cluster
-    diagnostics and (from the same pass) the cluster_recenter candidate."""
+    """The diagnosis of the validation pass's moments + the per-direction artefact test; with ``mixture_check``,
+    k-means, the per-cluster diagnostics and (from the same pass) the cluster_recenter candidate."""
     config, rec, d = ctx.config, ctx.record, ctx.checked.dimension
-    ctx.moments = corpus_moments(ctx.valid, config.vector_col, d)
     ctx.report = diagnose_moments(ctx.moments)
     ctx.artefact = u1_artefact_test(ctx.valid, config.vector_col, ctx.report, config.metadata_cols, config.label_col,
                                     config.artefact_directions)

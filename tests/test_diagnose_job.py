@@ -126,6 +126,30 @@ def test_bad_rows_quarantined_and_counted(spark, tmp_path):
     assert np.isfinite(report["metrics"]["anisotropy_A"])
 
 
+@pytest.mark.parametrize("duplicated", [False, True])
+def test_validation_pass_is_the_moments_pass(spark, tmp_path, duplicated):
+    """``with_moments``: the same counts, quarantine and valid rows as the counting pass, plus the exact moments
+    of the valid rows (recomputed when a duplicated id takes rows out after the pass)."""
+    df = bad_rows_frame(spark)
+    if duplicated:   # a second copy of id 7: both copies leave the valid rows
+        df = df.unionByName(spark.createDataFrame([(7, [9.0, 9.0, 9.0, 9.0])], df.schema))
+    plain = validate(df, "vector", "id", 4, "quarantine", str(tmp_path / "plain"))
+    fused = validate(df, "vector", "id", 4, "quarantine", str(tmp_path / "fused"), with_moments=True)
+    assert plain.moments is None
+    assert (fused.invalid_count, fused.invalid_by_reason) == (plain.invalid_count, plain.invalid_by_reason)
+    assert fused.invalid_count == 6 + 2 * duplicated
+    quarantined = [sorted(r["id"] or -1 for r in spark.read.format("delta").load(str(tmp_path / name)).collect())
+                   for name in ("plain", "fused")]
+    assert quarantined[0] == quarantined[1]
+    valid = {r["id"]: r["vector"] for r in fused.valid.collect()}
+    assert sorted(valid) == sorted(r["id"] for r in plain.valid.collect()) and (7 in valid) != duplicated
+    X = np.array([valid[i] for i in sorted(valid)])
+    assert fused.moments.n == X.shape[0] == 50 - duplicated
+    assert np.allclose(fused.moments.mean, X.mean(axis=0), rtol=1e-12, atol=1e-12)
+    centred = X - X.mean(axis=0)
+    assert np.allclose(fused.moments.comoment, centred.T @ centred, rtol=1e-10, atol=1e-10)
+
+
 def test_dimension_inferred_as_most_common_length(spark):
     assert infer_dimension(bad_rows_frame(spark), "vector") == 4
 

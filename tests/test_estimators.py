@@ -85,6 +85,20 @@ def test_fit_moments_refuses_what_moments_do_not_determine(data):
         AllButTheTopEstimator(D=1).fitMoments(Moments.of_batch(data[:5]))
 
 
+def test_fit_with_moments_takes_the_moments_only_where_they_determine_the_fit(frame, data):
+    """``fitWithMoments``: the moments when ``canFitMoments``, else the rows (no moments, a rows-based method, or
+    n < d) — the model ``fit`` gives either way."""
+    state = corpus_moments(frame, "vector", D)
+    abtt = AllButTheTopEstimator(D=2)
+    assert np.array_equal(abtt.fitWithMoments(frame, state).transform_.arrays()["components"],
+                          abtt.fitMoments(state).transform_.arrays()["components"])
+    assert abtt.fitWithMoments(frame, None).transform_version == abtt.fit(frame).transform_version
+    few = frame.limit(5)
+    assert abtt.fitWithMoments(few, corpus_moments(few, "vector", D)).n == 5     # n < d: the Gram route, no raise
+    recenter = ClusterRecenterEstimator(k=2, seed=1)
+    assert recenter.fitWithMoments(frame, state).transform_version == recenter.fit(frame).transform_version
+
+
 def test_abtt_auto_d_reports_rule(frame):
     model = AllButTheTopEstimator(maxD=3).fit(frame)
     assert model.transform_.d_rule in ("marchenko_pastur", "marchenko_pastur_capped")
