@@ -1,6 +1,7 @@
 """Throughput of the apply path against the I/O floor (a plain Delta read + write of the same table).
 
-    .venv/bin/python -m bench.apply [--rows 100000] [--dim 128] [--method abtt|whitening|center] [--repeats 2]
+    .venv/bin/python -m bench.apply [--rows 100000] [--dim 128 | --corpus DIR] [--method abtt|whitening|center]
+                                    [--repeats 2] [--tmp DIR]
 
 Same Delta input, same Spark session, run side by side:
   floor      — read the Delta table, write it to a new Delta table unchanged (the I/O floor)
@@ -10,11 +11,14 @@ Same Delta input, same Spark session, run side by side:
   job        — the whole apply job (jobs.apply.run_apply: pin version, validate + quarantine count in the
                transform pass, dimension check, one commit)
 Each runs once as a warm-up, then ``repeats`` times; the best time is reported with its ratio to the floor.
+Every output is deleted (untimed) before each call, so each one writes a fresh table and the disk holds one
+output at a time. ``--corpus``: a Delta table is read as it is, Parquet files are first copied into Delta.
 """
 from __future__ import annotations
 
 import argparse
 import pathlib
+import shutil
 import tempfile
 
 from pyspark.sql import functions as F
@@ -23,15 +27,15 @@ from anisotropy_core.artifact import save_artifact
 from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import fit
 from anisotropy_spark.estimators import CorrectionModel
+from anisotropy_spark.io import is_delta_table
 from anisotropy_spark.session import get_spark
-from bench.common import best_of, print_ratios, write_parquet_corpus
+from bench.common import add_corpus_arguments, best_of, corpus, parquet_moments, print_ratios
 from jobs.apply import ApplyConfig, run_apply
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=100_000)
-    parser.add_argument("--dim", type=int, default=128)
+    add_corpus_arguments(parser, rows=100_000, dim=128)
     parser.add_argument("--method", choices=["center", "abtt", "whitening"], default="abtt")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--tmp", default=None, help="directory for the generated tables (default: system temp)")
@@ -39,13 +43,20 @@ def main() -> None:
     spark = get_spark("bench-apply", master="local[2]")
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         root = pathlib.Path(tmp)
-        X = write_parquet_corpus(root / "parquet", args.rows, args.dim)
-        source = str(root / "corpus")
-        spark.read.parquet(str(root / "parquet")).write.format("delta").save(source)     # array<float>
+        parquet, X = corpus(args, root / "parquet")
+        source = str(parquet) if is_delta_table(spark, str(parquet)) else str(root / "corpus")
+        if source != str(parquet):
+            spark.read.parquet(str(parquet)).write.format("delta").save(source)     # array<float>
         params = {"D": max(1, args.dim // 100)} if args.method == "abtt" else {}
-        transform = fit(args.method, Moments.of_batch(X), **params)
+        transform = fit(args.method, Moments.of_batch(X) if X is not None else parquet_moments(parquet, args.dim),
+                        **params)
         manifest = save_artifact(str(root / "artifact"), transform, n=args.rows)
         model = CorrectionModel(transform, n=args.rows)._set(inputCol="vector", outputCol="vector")
+        outputs = [root / name for name in ("floor", "roundtrip", "transformed", "job", "quarantine")]
+
+        def delete_outputs():
+            for output in outputs:
+                shutil.rmtree(output, ignore_errors=True)
 
         def floor():
             spark.read.format("delta").load(source).write.format("delta").mode("overwrite").save(str(root / "floor"))
@@ -65,7 +76,8 @@ def main() -> None:
                                          on_invalid="quarantine", quarantine_path=str(root / "quarantine"),
                                          force=True))
 
-        best, _ = best_of({"floor": floor, "roundtrip": roundtrip, "transform": transform_only, "job": job}, args.repeats)
+        best, _ = best_of({"floor": floor, "roundtrip": roundtrip, "transform": transform_only, "job": job}, args.repeats,
+                          reset=delete_outputs)
     print(f"table: {args.rows} x {args.dim} float32, method {args.method}, Spark local[2]; best of {args.repeats}")
     print_ratios(best, args.rows, baseline="floor")
     spark.stop()

@@ -1,15 +1,21 @@
-"""Shared bench helpers: a synthetic Parquet corpus written with pyarrow, best-of and plain timing."""
+"""Shared bench helpers: a synthetic Parquet corpus written with pyarrow (or an existing one), its moments
+streamed file by file, best-of and plain timing."""
 from __future__ import annotations
 
+import argparse
 import pathlib
 import time
 from contextlib import contextmanager
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from anisotropy_core.moments import Moments
 from anisotropy_core.synthetic import cone
+
+BATCH_ROWS = 8192
 
 
 def write_parquet_corpus(path: pathlib.Path, n: int, d: int, files: int = 4, seed: int = 0) -> np.ndarray:
@@ -23,17 +29,55 @@ def write_parquet_corpus(path: pathlib.Path, n: int, d: int, files: int = 4, see
     return X
 
 
-def best_of(runs: dict, repeats: int) -> tuple[dict, dict]:
-    """Time each ``name → callable`` of ``runs`` after one warm-up call (JIT, Python workers, file cache).
+def add_corpus_arguments(parser: argparse.ArgumentParser, rows: int, dim: int) -> None:
+    """``--rows``/``--dim`` of a generated corpus, or ``--corpus`` (an existing one, e.g. a Delta table
+    ``bench.scale`` wrote: tables too large to generate in this process's memory)."""
+    parser.add_argument("--rows", type=int, default=rows)
+    parser.add_argument("--dim", type=int, default=dim)
+    parser.add_argument("--corpus", default=None,
+                        help="an existing directory of float32 (id, vector) Parquet files, e.g. a Delta table "
+                             "written by bench.scale (its --rows/--dim are then read from it); default: generate")
+
+
+def corpus(args: argparse.Namespace, path: pathlib.Path) -> tuple[pathlib.Path, np.ndarray | None]:
+    """(directory of the corpus's Parquet files, its (n, d) float32 matrix or None): ``--corpus`` as given, with
+    ``args.rows``/``args.dim`` set from its files; else a corpus of ``args.rows`` × ``args.dim`` written to
+    ``path``."""
+    if args.corpus is None:
+        return path, write_parquet_corpus(path, args.rows, args.dim)
+    files = sorted(pathlib.Path(args.corpus).glob("*.parquet"))
+    first = pq.ParquetFile(files[0]).iter_batches(batch_size=1, columns=["vector"])
+    args.dim = len(next(first).column(0)[0])
+    args.rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    return pathlib.Path(args.corpus), None
+
+
+def parquet_moments(path: pathlib.Path, dim: int) -> Moments:
+    """Single-process pyarrow + numpy moments of the ``vector`` column of every Parquet file under ``path``:
+    float32 read ``BATCH_ROWS`` rows at a time, float64 accumulation, merged (Chan)."""
+    state = Moments.empty(dim)
+    for file in sorted(path.glob("*.parquet")):
+        for batch in pq.ParquetFile(file).iter_batches(batch_size=BATCH_ROWS, columns=["vector"]):
+            values = batch.column(0).values.to_numpy()
+            state = state.merge(Moments.of_batch(values.reshape(-1, dim)))
+    return state
+
+
+def best_of(runs: dict, repeats: int, reset: Callable[[], None] | None = None) -> tuple[dict, dict]:
+    """Time each ``name → callable`` of ``runs`` after one warm-up call (JIT, Python workers, file cache);
+    ``reset`` (untimed) runs before every call, e.g. to delete the outputs the last one wrote.
 
     Returns ``({name: best wall-clock seconds over repeats}, {name: the warm-up call's return value})``.
     The runs are interleaved by name, in one process, so their ratios share the machine's state.
     """
+    reset = reset or (lambda: None)
     best, answers = {}, {}
     for name, run in runs.items():
+        reset()
         answers[name] = run()
         seconds = []
         for _ in range(repeats):
+            reset()
             start = time.perf_counter()
             run()
             seconds.append(time.perf_counter() - start)

@@ -1,6 +1,6 @@
 """Throughput of the diagnosis pass against the single-process I/O floor, Spark MLlib's PCA and numpy.
 
-    .venv/bin/python -m bench.diagnose [--rows 200000] [--dim 256] [--repeats 2] [--tmp DIR]
+    .venv/bin/python -m bench.diagnose [--rows 200000] [--dim 256 | --corpus DIR] [--repeats 2] [--tmp DIR]
 
 All compute the full centred covariance + eigendecomposition of the same float32 Parquet corpus:
   floor   — one process: pyarrow reads each Parquet file's batches as float32 numpy, Moments per batch in
@@ -11,7 +11,7 @@ All compute the full centred covariance + eigendecomposition of the same float32
   ours    — Parquet → Arrow batches (float32) → contract check + numpy Moments per partition → treeReduce → eigh
   job     — the whole ``jobs.diagnose`` run without clusters or metadata (read, moments, sample, report files)
   mllib   — Parquet → VectorUDT → pyspark.ml.feature.PCA(k=10).fit (RowMatrix covariance on the JVM)
-  numpy   — the corpus already in this process's memory → Moments.of_batch → diagnose
+  numpy   — the corpus already in this process's memory → Moments.of_batch → diagnose (not with --corpus)
 Each is run ``repeats`` times after one warm-up; the best time is reported, with ratios to the floor.
 """
 from __future__ import annotations
@@ -21,29 +21,21 @@ import pathlib
 import tempfile
 from typing import Iterator
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pyspark.ml.feature import PCA
 from pyspark.ml.functions import array_to_vector
 from pyspark.sql import functions as F
 
 from anisotropy_core import diagnose
-from anisotropy_core.moments import Moments
 from anisotropy_spark.diagnostics import diagnose_dataframe
 from anisotropy_spark.session import get_spark
-from bench.common import best_of, print_ratios, write_parquet_corpus
+from bench.common import add_corpus_arguments, best_of, corpus, parquet_moments, print_ratios
 from jobs.diagnose import DiagnoseConfig, run_diagnosis, write_outputs
 
 
 def parquet_floor(path: pathlib.Path, dim: int) -> dict:
     """Single-process pyarrow + numpy moments over the Parquet files (float32 read, float64 accumulation)."""
-    state = Moments.empty(dim)
-    for file in sorted(path.glob("*.parquet")):
-        for batch in pq.ParquetFile(file).iter_batches(batch_size=8192, columns=["vector"]):
-            values = batch.column(0).values.to_numpy()
-            state = state.merge(Moments.of_batch(values.reshape(-1, dim)))
-    return diagnose(state)
+    return diagnose(parquet_moments(path, dim))
 
 
 def count_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -53,16 +45,14 @@ def count_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=200_000)
-    parser.add_argument("--dim", type=int, default=256)
+    add_corpus_arguments(parser, rows=200_000, dim=256)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--tmp", default=None, help="directory for the generated corpus (default: system temp)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["mllib", "numpy"], help="runs to leave out")
     args = parser.parse_args()
     spark = get_spark("bench-diagnose", master="local[2]")
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
-        path = pathlib.Path(tmp) / "corpus"
-        X = write_parquet_corpus(path, args.rows, args.dim)
+        path, X = corpus(args, pathlib.Path(tmp) / "corpus")
         config = DiagnoseConfig(input=str(path), metadata_cols=[], cluster_k=None, metrics_table=None,
                                 output_dir=str(pathlib.Path(tmp) / "report"))
 
@@ -90,7 +80,8 @@ def main() -> None:
             return diagnose(X)["top1_var"]
 
         runs = {"floor": floor, "scan": scan, "ours": ours, "job": job, "mllib": mllib, "numpy": numpy_in_memory}
-        best, answers = best_of({k: v for k, v in runs.items() if k not in args.skip}, args.repeats)
+        skip = set(args.skip) | ({"numpy"} if X is None else set())
+        best, answers = best_of({k: v for k, v in runs.items() if k not in skip}, args.repeats)
     print(f"corpus: {args.rows} x {args.dim} float32, Spark local[2]; best of {args.repeats}")
     print("top-1 variance share  " + "  ".join(f"{k} {v:.6f}" for k, v in answers.items() if k != "scan"))
     print_ratios(best, args.rows, baseline="floor")
