@@ -29,8 +29,8 @@ from anisotropy_core.transforms import FittedTransform
 from .arrow import batch_matrix
 from .contract import require_columns
 from .io import as_vector_array, read_table, require_column
+from .tree_reduce import tree_reduce
 
-TREE_DEPTH = 2
 INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 
 
@@ -119,7 +119,7 @@ def distributed_top_k(df: DataFrame, vector_col: str, id_col: str, dimension: in
 
     try:
         partials = df.select(vector_col, id_col).mapInArrow(fold, "payload binary")
-        merged = partials.rdd.map(lambda row: unpack(bytes(row["payload"]))).treeReduce(combine, depth=TREE_DEPTH)
+        merged = tree_reduce(partials.rdd.map(lambda row: unpack(bytes(row["payload"]))), combine)
     finally:
         shared.unpersist()
     return dict(zip(names, merged))

@@ -24,8 +24,9 @@ from pyspark.sql.types import ArrayType, DoubleType, FloatType, StringType, Stru
 from anisotropy_core.moments import Moments
 
 from .contract import REASON_COLUMN, InvalidRowsError, SchemaError, Tally, check_batch, require_columns
-from .moments import TREE_DEPTH, checked_moments, corpus_moments
+from .moments import checked_moments, corpus_moments
 from .quarantine import Duplicates, find_duplicates, write_quarantine
+from .tree_reduce import tree_reduce
 
 INFER_ROWS = 10_000
 
@@ -104,8 +105,8 @@ def count_invalid(df: DataFrame, vector_col: str, id_col: str, dimension: int) -
             state.add(check_batch(batch, vector_col, id_col, dimension), batch.column(0))
         yield pa.RecordBatch.from_pydict({"tally": [state.to_json()]})
 
-    return (df.select(id_col, vector_col).mapInArrow(tally, "tally string").rdd
-            .map(lambda row: Tally.from_json(row["tally"])).treeReduce(Tally.merge, depth=TREE_DEPTH))
+    return tree_reduce(df.select(id_col, vector_col).mapInArrow(tally, "tally string").rdd
+                       .map(lambda row: Tally.from_json(row["tally"])), Tally.merge)
 
 
 def _filtered(df: DataFrame, vector_col: str, id_col: str, dimension: int, keep_valid: bool) -> DataFrame:

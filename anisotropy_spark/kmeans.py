@@ -43,9 +43,9 @@ from .estimators import BatchOutputs, CorrectionEstimator, CorrectionModel, regi
 from .io import as_vector_array, infer_dimension
 from .keyed import fold_by_key, merge_moments_bytes
 from .params import _ClusterRecenterParams
+from .tree_reduce import tree_reduce
 
 STATE_SCHEMA = pa.schema([("state", pa.binary())])
-TREE_DEPTH = 2
 
 Fold = Callable[[Iterator[np.ndarray], int], Any]
 
@@ -111,7 +111,7 @@ def assignment_pass(vectors: DataFrame, vector_col: str, dimension: int, centroi
             state = state.merge(ClusterState.of_batch(prepare(x, metric), centroids, metric))
         return state
 
-    return partition_states(vectors, vector_col, dimension, fold).treeReduce(ClusterState.merge, depth=TREE_DEPTH)
+    return tree_reduce(partition_states(vectors, vector_col, dimension, fold), ClusterState.merge)
 
 
 def fit_kmeans(df: DataFrame, vector_col: str, k: int, metric: str = "euclidean", seed: int = 0,

@@ -1,5 +1,6 @@
 """Distributed moments: each partition's Arrow batches become one :class:`Moments` state with numpy BLAS,
-and states are combined by ``treeReduce`` (never Spark Accumulators, which double-count on task retry).
+and states are combined by ``treeReduce`` (:mod:`.tree_reduce`: never Spark Accumulators, which double-count on task
+retry; the driver's share bounded in n).
 
 The same pass checks the input contract (:func:`~anisotropy_spark.contract.check_batch`): invalid rows are
 left out of the moments and counted in a :class:`~anisotropy_spark.contract.Tally`, so a job that reads
@@ -16,10 +17,10 @@ from pyspark.sql import DataFrame
 from anisotropy_core.moments import Moments
 
 from .contract import InvalidRowsError, Tally, check_batch
+from .tree_reduce import tree_reduce
 
 STATE_SCHEMA = "n long, payload binary, tally string"
 _ARROW_STATE_SCHEMA = pa.schema([("n", pa.int64()), ("payload", pa.binary()), ("tally", pa.string())])
-TREE_DEPTH = 2
 
 
 def partition_moments(vector_col: str, id_col: str | None, dimension: int):
@@ -43,8 +44,9 @@ def checked_moments(df: DataFrame, vector_col: str, id_col: str | None, dimensio
     """One pass over ``df`` (vectors ``array<float|double>``) → (Moments of the valid rows, Tally of the rest)."""
     columns = [vector_col] + ([id_col] if id_col else [])
     states = df.select(*columns).mapInArrow(partition_moments(vector_col, id_col, dimension), STATE_SCHEMA)
-    return (states.rdd.map(lambda row: (Moments.from_bytes(bytes(row["payload"])), Tally.from_json(row["tally"])))
-            .treeReduce(lambda a, b: (a[0].merge(b[0]), a[1].merge(b[1])), depth=TREE_DEPTH))
+    return tree_reduce(states.rdd.map(lambda row: (Moments.from_bytes(bytes(row["payload"])),
+                                                  Tally.from_json(row["tally"]))),
+                       lambda a, b: (a[0].merge(b[0]), a[1].merge(b[1])))
 
 
 def corpus_moments(df: DataFrame, vector_col: str, dimension: int) -> Moments:

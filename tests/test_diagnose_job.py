@@ -1,5 +1,6 @@
 """The Spark diagnosis job: equality with anisotropy_core, input types, bad input, outputs, scale."""
 import json
+import math
 
 import numpy as np
 import pyarrow as pa
@@ -317,3 +318,15 @@ def test_per_direction_artefact_recommendation_evaluation_and_html(spark, tmp_pa
     assert [row[0] for row in page.tables["cluster-table"][1:]] == ["all", "0", "1"]
     assert any("Per-direction artefact test" in caption for caption in page.captions)
     assert (tmp_path / "out" / "artefact_heatmap.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_tree_depth_bounds_what_the_driver_collects(spark):
+    """The driver receives about ⌈P^(1/depth)⌉ partial states: at most MAX_FAN_IN whatever P (a fixed depth 2
+    would send √P: 16 at 232 read splits, 152 at a billion rows), and the reduction stays exact."""
+    from anisotropy_spark.tree_reduce import MAX_FAN_IN, tree_depth, tree_reduce
+
+    assert [tree_depth(p) for p in (1, 23, 64, 65, 232, 512, 23_000)] == [2, 2, 2, 3, 3, 3, 5]
+    for partitions in (1, 2, 7, 23, 64, 65, 232, 4096, 23_000, 10**7):
+        assert math.ceil(partitions ** (1 / tree_depth(partitions))) <= MAX_FAN_IN
+    rdd = spark.sparkContext.parallelize(range(1000), 70)
+    assert tree_reduce(rdd, lambda a, b: a + b) == sum(range(1000))
