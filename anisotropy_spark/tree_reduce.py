@@ -1,10 +1,11 @@
 """Merging per-partition states with Spark's ``treeReduce`` so that the driver's share is bounded in n.
 
 ``treeReduce(depth)`` merges the partitions' states in ``depth − 1`` shuffled levels of fan-in
-``scale = ⌈P^(1/depth)⌉`` and collects what is left to the driver: at most about ``scale`` states at once there. A fixed
-depth 2 makes that ``√P`` — 4 states at 1M × 768 (23 read splits), 14 at 10M (232), ≈ 150 at 1B: the driver's
-memory would grow with the table (``bench.driver_fan_in`` measures it). :func:`tree_depth` adds levels instead, so the driver never holds more than about
-``MAX_FAN_IN`` states, whatever the number of partitions (each extra level is one small shuffle of states).
+``scale = ⌈P^(1/depth)⌉`` and collects what is left to the driver: at most about ``scale`` states at once there.
+A fixed depth 2 makes that ``√P`` — 4 states at 1M × 768 (23 read splits), 14 at 10M (232), ≈ 150 at 1B: the
+driver's memory would grow with the table (``bench.driver_fan_in`` measures it). :func:`tree_depth` adds levels
+instead, so the driver never holds more than about ``MAX_FAN_IN`` states, whatever the number of partitions (each
+extra level is one small shuffle of states).
 """
 from __future__ import annotations
 
