@@ -18,13 +18,14 @@ import sys
 
 import numpy as np
 
+from anisotropy_spark.session import get_spark
+from anisotropy_spark.tree_reduce import tree_depth, tree_reduce
+
 MODES = ("count", "depth2", "tree_reduce")
 
 
 def one_run(mode: str, partitions: int, dim: int) -> None:
     """Merge (or count) ``partitions`` states in this process; print its peak RSS (MiB) and the sum's check value."""
-    from anisotropy_spark.session import get_spark
-    from anisotropy_spark.tree_reduce import tree_reduce
     spark = get_spark("bench-driver-fan-in", master="local[2]")
     states = spark.sparkContext.parallelize(range(partitions), partitions).map(
         lambda i: np.full((dim, dim), float(i)))
@@ -56,7 +57,6 @@ def main() -> None:
     if args.one:
         one_run(args.one, args.partitions[0], args.dim)
         return
-    from anisotropy_spark.tree_reduce import tree_depth
     for partitions in args.partitions:
         expected = partitions * (partitions - 1) / 2
         peaks = {}

@@ -321,8 +321,8 @@ def test_per_direction_artefact_recommendation_evaluation_and_html(spark, tmp_pa
 
 
 def test_tree_depth_bounds_what_the_driver_collects(spark):
-    """The driver receives about ⌈P^(1/depth)⌉ partial states: at most MAX_FAN_IN whatever P (a fixed depth 2
-    would send √P: 16 at 232 read splits, 152 at a billion rows), and the reduction stays exact."""
+    """The driver receives at most about ⌈P^(1/depth)⌉ partial states: at most MAX_FAN_IN whatever P (a fixed
+    depth 2 would send about √P: 14 at 232 read splits, ≈ 150 at a billion rows), and the reduction stays exact."""
     from anisotropy_spark.tree_reduce import MAX_FAN_IN, tree_depth, tree_reduce
 
     assert [tree_depth(p) for p in (1, 23, 64, 65, 232, 512, 23_000)] == [2, 2, 2, 3, 3, 3, 5]
