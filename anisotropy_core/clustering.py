@@ -236,7 +236,8 @@ class KMeansResult:
     """A fitted k-means: ``centroids`` (k, d) (unit rows for cosine) and the statistics of their last pass.
 
     ``counts`` (k,) int64 cluster sizes and ``inertia`` belong to exactly these centroids; ``history`` holds
-    the inertia of every pass; ``converged`` is False when ``max_iter`` stopped the loop.
+    the inertia of every pass; ``converged`` is False when ``max_iter`` stopped the loop; ``refinement`` says
+    where the full-table passes ran (``"local"``: this process; Spark: ``"in_memory"`` or ``"streaming"``).
     """
 
     centroids: np.ndarray
@@ -246,9 +247,11 @@ class KMeansResult:
     converged: bool
     metric: str
     history: list[float] = field(default_factory=list)
+    refinement: str = "local"
 
 
 PassFn = Callable[[np.ndarray], ClusterState]
+Refine = Callable[[np.ndarray, int, float], KMeansResult]   # (start (k, d), passes, tol) → Lloyd over the table
 
 
 def lloyd(run_pass: PassFn, init: np.ndarray, metric: str, max_iter: int = DEFAULT_MAX_ITER,
@@ -433,6 +436,16 @@ def sample_partitions(parts: Sequence[np.ndarray], seed: int, size: int) -> RowS
     return sample
 
 
+def blocks_state(blocks: Sequence[np.ndarray], squares: Sequence[np.ndarray], centroids: np.ndarray,
+                 metric: str) -> ClusterState:
+    """:class:`ClusterState` of prepared in-memory ``blocks`` (each (n_b, d)) against ``centroids`` (k, d),
+    merged in block order; ``squares``: each block's (n_b,) :func:`row_norms_squared`, computed once."""
+    state = ClusterState.empty(*centroids.shape)
+    for block, square in zip(blocks, squares):
+        state = state.merge(ClusterState.of_batch(block, centroids, metric, x_sq=square))
+    return state
+
+
 def in_memory_passes(parts: Sequence[np.ndarray], metric: str, seed: int) -> tuple[
         Callable[[], np.ndarray], PassFn, Callable[[np.ndarray, float, int], np.ndarray]]:
     """``(first_centre, run_pass, oversample)`` of :func:`kmeans_parallel_init` / :func:`lloyd` over prepared
@@ -440,10 +453,7 @@ def in_memory_passes(parts: Sequence[np.ndarray], metric: str, seed: int) -> tup
     squares = [row_norms_squared(p) for p in parts]
 
     def run_pass(centroids: np.ndarray) -> ClusterState:
-        state = ClusterState.empty(*centroids.shape)
-        for p, sq in zip(parts, squares):
-            state = state.merge(ClusterState.of_batch(p, centroids, metric, x_sq=sq))
-        return state
+        return blocks_state(parts, squares, centroids, metric)
 
     def first_centre() -> np.ndarray:
         keyed = [first_centre_candidate(p, partition_rng(seed, -1, i)) for i, p in enumerate(parts) if len(p)]
@@ -469,17 +479,18 @@ def start_centroids(parts: Sequence[np.ndarray], k: int, metric: str, seed: int,
     return start
 
 
-def sampled_kmeans(sample: RowSample, partition_count: int, full_pass: PassFn, k: int, metric: str, seed: int,
+def sampled_kmeans(sample: RowSample, partition_count: int, refine: Refine, k: int, metric: str, seed: int,
                    max_iter: int, tol: float, init: np.ndarray | None, init_steps: int, oversampling: float,
                    refine_passes: int) -> KMeansResult:
-    """k-means of a whole table from its :class:`RowSample` and a full-table pass ``full_pass``.
+    """k-means of a whole table from its :class:`RowSample` and ``refine(start, r, tol)``: r Lloyd passes over
+    the whole table from ``start`` (k, d) (:func:`lloyd` with a full-table pass, wherever the table lives).
 
     * The sample is the whole table (n ≤ sample size): exact k-means|| + Lloyd of its ``partition_count``
       partitions, in this process (what :func:`kmeans` always computed).
-    * Otherwise: k-means|| start and ``max_iter − r`` Lloyd updates on the sample in this process, then
-      r = min(``refine_passes``, ``max_iter``) Lloyd passes over the whole table, so the returned centroids,
-      counts and inertia are those of the whole table (``history``: the full passes' inertia). ``n_iter``
-      counts the Lloyd updates on the sample plus the full passes, at most ``max_iter`` in all.
+    * Otherwise: k-means|| start and up to ``max_iter`` Lloyd updates on the sample in this process (fewer
+      when ``tol`` stops them), then r = ``refine_passes`` Lloyd passes over the whole table, so the returned
+      centroids, counts and inertia are those of the whole table (``history``: the full passes' inertia).
+      ``n_iter`` counts the Lloyd updates on the sample plus the full passes (at most ``max_iter`` + r).
     """
     if max_iter < 1:
         raise ValueError(f"max_iter must be ≥ 1, got {max_iter}")
@@ -491,15 +502,12 @@ def sampled_kmeans(sample: RowSample, partition_count: int, full_pass: PassFn, k
         return lloyd(in_memory_passes(parts, metric, seed)[1], start, metric, max_iter, tol)
     if refine_passes < 1:
         raise ValueError(f"refine_passes must be ≥ 1 when the table exceeds the sample, got {refine_passes}")
-    full = min(refine_passes, max_iter)
     rows = [prepare(sample.rows, metric)]
     start = start_centroids(rows, k, metric, seed, init, init_steps, oversampling)
-    updates = 0
-    if max_iter > full:     # one extra sample pass, so that its update is not lost
-        local = lloyd(in_memory_passes(rows, metric, seed)[1], start, metric, max_iter - full + 1, tol)
-        start, updates = local.centroids, local.n_iter - 1
-    result = lloyd(full_pass, start, metric, full, tol)
-    result.n_iter += updates
+    # one sample pass more than max_iter, so that the last update is not lost
+    local = lloyd(in_memory_passes(rows, metric, seed)[1], start, metric, max_iter + 1, tol)
+    result = refine(local.centroids, refine_passes, tol)
+    result.n_iter += local.n_iter - 1
     return result
 
 
@@ -518,7 +526,8 @@ def kmeans(data: np.ndarray | Sequence[np.ndarray], k: int, metric: str = "eucli
     parts = [data] if isinstance(data, np.ndarray) else list(data)
     prepared = [prepare(p, metric) for p in parts]
     full_pass = in_memory_passes(prepared, metric, seed)[1]
-    return sampled_kmeans(sample_partitions(parts, seed, sample_size), len(parts), full_pass, k, metric, seed,
+    return sampled_kmeans(sample_partitions(parts, seed, sample_size), len(parts),
+                          lambda start, passes, stop: lloyd(full_pass, start, metric, passes, stop), k, metric, seed,
                           max_iter, tol, init, init_steps, oversampling, refine_passes)
 
 
@@ -636,7 +645,8 @@ def merge_cluster_moments(left: Sequence[Moments], right: Sequence[Moments]) -> 
 
 def kmeans_info(result: KMeansResult) -> dict[str, Any]:
     """JSON scalars recorded with a cluster-recenter fit."""
-    return {"inertia": float(result.inertia), "n_iter": int(result.n_iter), "converged": bool(result.converged)}
+    return {"inertia": float(result.inertia), "n_iter": int(result.n_iter), "converged": bool(result.converged),
+            "refinement": result.refinement}
 
 
 def fit_cluster_recenter(vectors: np.ndarray, k: int, n_directions: int = 0, metric: str = "euclidean",

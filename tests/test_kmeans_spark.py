@@ -10,10 +10,12 @@ from anisotropy_core.moments import Moments
 from anisotropy_core.synthetic import mixture
 from anisotropy_core.transforms import fit_center
 from anisotropy_spark.estimators import CorrectionModel, model_class_for
-from anisotropy_spark.kmeans import (ClusterRecenterEstimator, ClusterRecenterModel, cluster_moments_pass, fit_kmeans,
-                                     sample_pass, spark_cluster_diagnostics)
+from anisotropy_spark.kmeans import (ClusterRecenterEstimator, ClusterRecenterModel,
+                                     cluster_moments_pass, fit_kmeans, fits_in_memory, sample_pass,
+                                     spark_cluster_diagnostics, task_slots)
 
 PARTITIONS = 2
+TASK_MEMORY = 1 << 30       # fit_kmeans(task_memory=…): refine in a barrier stage holding the rows
 
 
 def frame(spark, X, labels=None):
@@ -147,17 +149,22 @@ def float32_frame(spark, X):
                                  "vector array<float>").coalesce(PARTITIONS)
 
 
-@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
-def test_sampled_kmeans_on_float32_equals_numpy_reference(spark, metric):
-    # 3000 rows > sample_size 700: sample pass + driver fit + 2 full refinement passes, on float32 vectors
-    # read without an array<double> copy; the numpy reference gets the same float32 partitions
+@pytest.mark.parametrize("metric, task_memory, refinement", [
+    ("euclidean", TASK_MEMORY, "in_memory"), ("cosine", TASK_MEMORY, "in_memory"),
+    ("euclidean", 0, "streaming"), ("cosine", 0, "streaming")])
+def test_sampled_kmeans_on_float32_equals_numpy_reference(spark, metric, task_memory, refinement):
+    # 3000 rows > sample_size 700: sample pass + driver fit (8 Lloyd updates) + 2 full refinement passes, on
+    # float32 vectors read without an array<double> copy, the passes either in a barrier stage holding the rows
+    # (repartitioned: the same rows merged in another grouping) or re-reading them; the numpy reference gets the
+    # same float32 partitions
     X, _ = mixture(3000, 8, (0.4, 0.3, 0.2, 0.1), separation=6.0, spread=0.6, seed=7)
     df = float32_frame(spark, X).cache()
     parts = [p.astype(np.float32) for p in partitions(df)]
     options = dict(seed=3, max_iter=8, tol=0.0, sample_size=700, refine_passes=2)
-    ours = fit_kmeans(df, "vector", 4, metric, **options)
+    ours = fit_kmeans(df, "vector", 4, metric, task_memory=task_memory, **options)
     reference = kmeans(parts, 4, metric, **options)
-    assert len(ours.history) == len(reference.history) == 2 and ours.n_iter == reference.n_iter <= 8
+    assert ours.refinement == refinement and reference.refinement == "local"
+    assert len(ours.history) == len(reference.history) == 2 and ours.n_iter == reference.n_iter <= 8 + 2
     assert np.array_equal(ours.counts, reference.counts) and ours.counts.sum() == len(X)   # whole table
     assert np.allclose(ours.centroids, reference.centroids, rtol=0, atol=1e-12)
     assert ours.inertia == pytest.approx(reference.inertia, rel=1e-12)
@@ -172,13 +179,32 @@ def test_sampled_kmeans_on_float32_equals_numpy_reference(spark, metric):
     df.unpersist()
 
 
-def test_sampled_kmeans_is_deterministic_for_a_seed_and_partitioning(spark):
+@pytest.mark.parametrize("task_memory", [TASK_MEMORY, 0])
+def test_sampled_kmeans_is_deterministic_for_a_seed_and_partitioning(spark, task_memory):
     X, _ = mixture(2500, 6, (0.5, 0.3, 0.2), separation=5.0, seed=8)
     df = float32_frame(spark, X)
-    first, second = (fit_kmeans(df, "vector", 3, seed=4, max_iter=6, sample_size=500) for _ in range(2))
+    first, second = (fit_kmeans(df, "vector", 3, seed=4, max_iter=6, sample_size=500, task_memory=task_memory)
+                     for _ in range(2))
     assert np.array_equal(first.centroids, second.centroids) and first.history == second.history
-    other_seed = fit_kmeans(df, "vector", 3, seed=5, max_iter=6, sample_size=500)
+    other_seed = fit_kmeans(df, "vector", 3, seed=5, max_iter=6, sample_size=500, task_memory=task_memory)
     assert not np.array_equal(first.centroids, other_seed.centroids)
+
+
+def test_in_memory_refinement_runs_only_when_asked_and_each_task_share_fits(spark):
+    # the test session sets spark.default.parallelism 4, but a barrier stage may only use the 2 task slots
+    assert task_slots(spark.sparkContext) == 2
+    # 1M × 384 float32 on 2 slots: 768 MiB per task (fits 1 GiB); 2M rows: 1.5 GiB (streams)
+    assert fits_in_memory(1_000_000, 384, 4, 64, 2, TASK_MEMORY)
+    assert not fits_in_memory(2_000_000, 384, 4, 64, 2, TASK_MEMORY)
+    assert not fits_in_memory(1_000_000, 384, 8, 64, 2, TASK_MEMORY)       # array<double>: twice the bytes
+    assert not fits_in_memory(1000, 768, 4, 4096, 4, TASK_MEMORY)   # 4 tasks' states exceed one allGather
+    X, _ = mixture(2500, 6, (0.5, 0.3, 0.2), separation=5.0, seed=8)
+    df = float32_frame(spark, X)
+    share = (len(X) + 1) // 2 * 6 * 4
+    assert not fits_in_memory(len(X), 6, 4, 3, 2, 0)
+    assert fit_kmeans(df, "vector", 3, max_iter=3, sample_size=500).refinement == "streaming"      # the default
+    assert fit_kmeans(df, "vector", 3, max_iter=3, sample_size=500, task_memory=share).refinement == "in_memory"
+    assert fit_kmeans(df, "vector", 3, max_iter=3, sample_size=500, task_memory=share - 1).refinement == "streaming"
 
 
 def test_sample_pass_is_the_exact_uniform_sample_even_when_the_bound_misses(spark):
