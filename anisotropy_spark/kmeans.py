@@ -12,13 +12,15 @@ Design (issue 9: within 2× faiss, never worse than pyspark.ml; issue 12: per-ta
    the returned centroids, sizes and inertia are those of the whole table. Two ways:
 
    * **in memory** (:func:`in_memory_refine`, opt-in: when ``task_memory`` > 0 and each task's share of the
-     table fits it): the table is repartitioned into one partition per task slot and read once into a *barrier*
-     stage (``mapInArrow(barrier=True)``); each task keeps its rows as numpy blocks and every Lloyd pass
-     merges the tasks' states with ``BarrierTaskContext.allGather``. A pass then costs the math only
-     (≈ 1.4 s per 1M × 384 rows here against ≈ 7 s for a re-read), so ``IN_MEMORY_REFINE_PASSES`` of them
-     run. A task holds n / slots rows: that is why the path is taken only when that share fits. It is not the
-     default because the repartition and the read into the barrier stage cost ≈ 2 re-reads (measured in
-     ``bench/kmeans.py``: lower inertia than pyspark.ml, but 2.8× faiss's time against 1.8× streaming).
+     table fits it): the table is repartitioned (round-robin) into one partition per task slot and read
+     once into a *barrier* stage (``mapInArrow(barrier=True)``); each task keeps its rows as numpy blocks
+     and every Lloyd pass merges the tasks' states with ``BarrierTaskContext.allGather``, so
+     ``IN_MEMORY_REFINE_PASSES`` passes cost little more than the math. A task holds n / slots rows: that is
+     why the path runs only when that share fits. It is not the default: measured at 1M × 384 on 2 cores,
+     the repartition and the read into the barrier stage take ≈ 13.5 s (a plain read: ≈ 6 s), and each
+     ``allGather`` ≈ 0.9 s on top of ≈ 0.8 s of math, because Spark's ``BarrierTaskContext`` polls for the
+     sync's completion with ``Thread.sleep(1000)``. The result beats pyspark.ml's inertia, at ≈ 2.9× faiss's
+     time (README).
    * **streaming** (:func:`assignment_pass`, the default): ``DEFAULT_REFINE_PASSES`` passes that each re-read
      the input (Arrow batches → numpy, states merged with ``treeReduce``); a task holds one Arrow batch plus
      its O(k·d + sample_size·d) state whatever n is.
@@ -27,7 +29,9 @@ Design (issue 9: within 2× faiss, never worse than pyspark.ml; issue 12: per-ta
 loops are those of :mod:`anisotropy_core.clustering` (:func:`sampled_kmeans`, :func:`lloyd`), so
 :func:`fit_kmeans` computes what the numpy reference ``anisotropy_core.clustering.kmeans`` computes on the same
 partitions (the in-memory passes merge the same rows in another grouping: equal up to rounding), and a fit is
-deterministic given the seed and the input's partitioning (the round-robin repartition is deterministic).
+deterministic given the seed and the input's partitioning (Spark sorts before a round-robin repartition so
+that the rows a partition gets are deterministic; the in-memory passes are bit-identical from run to run
+when the shuffle serves the map outputs in the same order, as in local mode).
 """
 from __future__ import annotations
 
@@ -204,9 +208,10 @@ def fit_kmeans(df: DataFrame, vector_col: str, k: int, metric: str = "euclidean"
     ``metric``: ``"euclidean"`` or ``"cosine"`` (spherical; centroids are unit vectors). ``init``: optional
     (k, d) starting centroids (skips k-means||). ``max_iter``: Lloyd updates on the sample (the refinement
     passes over the table follow them). ``task_memory``: bytes of rows one task may hold for the in-memory
-    refinement (default 0: always stream). ``refine_passes``: full passes (default ``IN_MEMORY_REFINE_PASSES`` in memory,
-    ``DEFAULT_REFINE_PASSES`` streaming). Returns a :class:`KMeansResult` (centroids (k, d), sizes, inertia of
-    the whole table, iterations, convergence flag, the full passes' inertia history, ``refinement``).
+    refinement (default 0: always stream). ``refine_passes``: full passes (default
+    ``IN_MEMORY_REFINE_PASSES`` in memory, ``DEFAULT_REFINE_PASSES`` streaming). Returns a
+    :class:`KMeansResult` (centroids (k, d), sizes, inertia of the whole table, iterations, convergence flag,
+    the full passes' inertia history, ``refinement``).
     """
     check_metric(metric)
     vectors = as_vector_array(df.select(vector_col), vector_col)
