@@ -19,8 +19,8 @@ Design (issue 9: within 2× faiss, never worse than pyspark.ml; issue 12: per-ta
      why the path runs only when that share fits. It is not the default: measured at 1M × 384 on 2 cores,
      the repartition and the read into the barrier stage take ≈ 13.5 s (a plain read: ≈ 6 s), and each
      ``allGather`` ≈ 0.9 s on top of ≈ 0.8 s of math, because Spark's ``BarrierTaskContext`` polls for the
-     sync's completion with ``Thread.sleep(1000)``. The result beats pyspark.ml's inertia, at ≈ 2.9× faiss's
-     time (README).
+     sync's completion with ``Thread.sleep(1000)``. The result beats pyspark.ml's inertia, at 2.5–2.9×
+     faiss's time in two runs (README).
    * **streaming** (:func:`assignment_pass`, the default): ``DEFAULT_REFINE_PASSES`` passes that each re-read
      the input (Arrow batches → numpy, states merged with ``treeReduce``); a task holds one Arrow batch plus
      its O(k·d + sample_size·d) state whatever n is.
@@ -259,12 +259,14 @@ def _cluster_key(cluster: int) -> bytes:
 
 def fit_cluster_recenter(vectors: DataFrame, vector_col: str, dimension: int, k: int, D: int, metric: str,
                          seed: int = 0, max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL,
-                         init_steps: int = DEFAULT_INIT_STEPS) -> tuple[ClusterRecenter, list[Moments]]:
-    """k-means of the valid ``vector_col`` (:func:`fit_kmeans`), then one pass for the k per-cluster
-    :class:`Moments`; returns the fitted :class:`ClusterRecenter` (``D`` within-cluster directions removed per
-    cluster) and those states (what :func:`~anisotropy_core.clustering.cluster_diagnostics` reads)."""
+                         init_steps: int = DEFAULT_INIT_STEPS,
+                         task_memory: int = 0) -> tuple[ClusterRecenter, list[Moments]]:
+    """k-means of the valid ``vector_col`` (:func:`fit_kmeans`, ``task_memory`` as there), then one pass for the k
+    per-cluster :class:`Moments`; returns the fitted :class:`ClusterRecenter` (``D`` within-cluster directions
+    removed per cluster) and those states (what :func:`~anisotropy_core.clustering.cluster_diagnostics` reads)."""
     metric = check_metric(metric)
-    result = fit_kmeans(vectors, vector_col, k, metric, seed, max_iter, tol, init_steps, dimension=dimension)
+    result = fit_kmeans(vectors, vector_col, k, metric, seed, max_iter, tol, init_steps, dimension=dimension,
+                        task_memory=task_memory)
     states = cluster_moments_pass(as_vector_array(vectors.select(vector_col), vector_col), vector_col, dimension,
                                   result.centroids, metric)
     return ClusterRecenter.from_moments(result.centroids, states, D, metric, kmeans_info(result)), states
@@ -327,14 +329,15 @@ class ClusterRecenterEstimator(CorrectionEstimator, _ClusterRecenterParams):
     @keyword_only
     def __init__(self, *, inputCol: str | None = None, outputCol: str | None = None, k: int = 8, D: int = 0,
                  distanceMeasure: str = "euclidean", seed: int = 0, maxIter: int = DEFAULT_MAX_ITER,
-                 tol: float = DEFAULT_TOL, initSteps: int = DEFAULT_INIT_STEPS, predictionCol: str = "cluster_id"):
+                 tol: float = DEFAULT_TOL, initSteps: int = DEFAULT_INIT_STEPS, taskMemory: int = 0,
+                 predictionCol: str = "cluster_id"):
         super().__init__()
         self.setParams(**self._input_kwargs)
 
     @keyword_only
     def setParams(self, *, inputCol: str | None = None, outputCol: str | None = None, k: int = 8, D: int = 0,
                   distanceMeasure: str = "euclidean", seed: int = 0, maxIter: int = DEFAULT_MAX_ITER,
-                  tol: float = DEFAULT_TOL, initSteps: int = DEFAULT_INIT_STEPS,
+                  tol: float = DEFAULT_TOL, initSteps: int = DEFAULT_INIT_STEPS, taskMemory: int = 0,
                   predictionCol: str = "cluster_id") -> "ClusterRecenterEstimator":
         return self._set(**self._input_kwargs)
 
@@ -359,10 +362,14 @@ class ClusterRecenterEstimator(CorrectionEstimator, _ClusterRecenterParams):
     def setInitSteps(self, value: int) -> "ClusterRecenterEstimator":
         return self._set(initSteps=value)
 
+    def setTaskMemory(self, value: int) -> "ClusterRecenterEstimator":
+        return self._set(taskMemory=value)
+
     def setPredictionCol(self, value: str) -> "ClusterRecenterEstimator":
         return self._set(predictionCol=value)
 
     def _fit_transform(self, vectors: DataFrame, col: str, d: int) -> tuple[ClusterRecenter, int]:
         transform, _ = fit_cluster_recenter(vectors, col, d, self.getK(), self.getD(), self.getDistanceMeasure(),
-                                            self.getSeed(), self.getMaxIter(), self.getTol(), self.getInitSteps())
+                                            self.getSeed(), self.getMaxIter(), self.getTol(), self.getInitSteps(),
+                                            self.getTaskMemory())
         return transform, int(transform.sizes.sum())

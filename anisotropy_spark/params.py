@@ -178,17 +178,21 @@ class _FlowParams(_CorrectionParams, HasSeed):
 class _ClusterRecenterParams(_CorrectionParams, HasPredictionCol, HasSeed, HasMaxIter, HasTol, HasDistanceMeasure):
     """Cluster recentering: ``k`` clusters, ``D`` within-cluster directions removed per cluster,
     ``distanceMeasure`` (euclidean | cosine), ``seed``, ``maxIter``, ``tol`` (relative inertia change),
-    ``initSteps`` (k-means|| rounds), ``predictionCol`` (the model's cluster-id column, default ``cluster_id``)."""
+    ``initSteps`` (k-means|| rounds), ``taskMemory`` (bytes of rows a task may hold to refine k-means in memory,
+    0 = stream; see ``anisotropy_spark.kmeans``), ``predictionCol`` (the model's cluster-id column, default
+    ``cluster_id``)."""
 
     k = Param(Params._dummy(), "k", "number of clusters", typeConverter=TypeConverters.toInt)
     D = Param(Params._dummy(), "D", "top within-cluster directions removed per cluster",
               typeConverter=TypeConverters.toInt)
     initSteps = Param(Params._dummy(), "initSteps", "k-means|| rounds", typeConverter=TypeConverters.toInt)
+    taskMemory = Param(Params._dummy(), "taskMemory", "bytes of rows a task may hold to refine k-means in memory "
+                       "(barrier stage); 0 re-reads the table", typeConverter=TypeConverters.toInt)
 
     def __init__(self, *args: Any):
         super().__init__(*args)
         self._setDefault(k=8, D=0, distanceMeasure="euclidean", seed=0, maxIter=DEFAULT_MAX_ITER, tol=DEFAULT_TOL,
-                         initSteps=DEFAULT_INIT_STEPS, predictionCol="cluster_id")
+                         initSteps=DEFAULT_INIT_STEPS, taskMemory=0, predictionCol="cluster_id")
 
     def getK(self) -> int:
         return self.getOrDefault(self.k)
@@ -198,3 +202,6 @@ class _ClusterRecenterParams(_CorrectionParams, HasPredictionCol, HasSeed, HasMa
 
     def getInitSteps(self) -> int:
         return self.getOrDefault(self.initSteps)
+
+    def getTaskMemory(self) -> int:
+        return self.getOrDefault(self.taskMemory)

@@ -106,6 +106,23 @@ def test_cluster_recenter_fit_transform_save_load(spark, tmp_path):
     assert np.array_equal(np.array([r["fixed"] for r in rows]), corrected)
 
 
+def test_estimator_hands_its_task_memory_to_the_kmeans_fit(spark, monkeypatch):
+    import anisotropy_spark.kmeans as kmeans_module
+    seen = {}
+    real_fit = kmeans_module.fit_kmeans
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real_fit(*args, **kwargs)
+
+    monkeypatch.setattr(kmeans_module, "fit_kmeans", spy)
+    assert ClusterRecenterEstimator().getTaskMemory() == 0           # streaming by default
+    X, _ = mixture(600, 4, (0.5, 0.5), separation=6.0, seed=8)
+    model = ClusterRecenterEstimator(k=2, seed=3).setTaskMemory(TASK_MEMORY).fit(frame(spark, X))
+    assert seen["task_memory"] == TASK_MEMORY
+    assert model.transform_.fit_info["refinement"] == "local"     # 600 rows: the sample is the table, fitted exactly
+
+
 def test_model_registry():
     transform = fit_center(Moments.of_batch(np.eye(3)))
     center = Artifact(transform, build_manifest(transform, 3))
