@@ -34,7 +34,8 @@ from jobs.config import InputSettings, flow_problems, parse_args
 class FitConfig(InputSettings):
     """Settings of the fit job (conf/fit.yaml). The method settings are its Estimator's Params in snake_case
     (:func:`anisotropy_spark.params.param_name`); only those of ``method`` are used: ``D``/``max_D`` (abtt),
-    ``k``…``normalize`` (whitening), ``k``, ``D``, ``distance_measure``, ``seed`` (cluster_recenter), ``D``,
+    ``k``…``normalize`` (whitening), ``k``, ``D``, ``distance_measure``, ``seed``, ``task_memory``
+    (cluster_recenter), ``D``,
     ``k``, ``D2``, ``max_D`` (abtt_pca_abtt), ``sample_size``…``learning_rate``, ``seed`` (flow)."""
 
     artifact: str
@@ -48,6 +49,7 @@ class FitConfig(InputSettings):
     zca: bool = False
     normalize: bool = False
     distance_measure: Literal["euclidean", "cosine"] = "euclidean"
+    task_memory: int = 0
     D2: int | None = None
     sample_size: int = 5000
     steps: int = 300
@@ -67,6 +69,8 @@ class FitConfig(InputSettings):
         problems += flow_problems(self)
         if self.k is not None and self.k < 1:
             problems.append(f"k must be >= 1, got {self.k}")
+        if self.task_memory < 0:
+            problems.append(f"task_memory must be >= 0 bytes, got {self.task_memory}")
         if not 0.0 <= self.shrinkage <= 1.0:
             problems.append(f"shrinkage must be in [0, 1], got {self.shrinkage}")
         if not self.eps > 0:

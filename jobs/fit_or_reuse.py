@@ -37,7 +37,7 @@ def fit_params(config: NightlyConfig, method: str, rec: Recommendation) -> dict:
         return {"k": k, "shrinkage": config.whitening_shrinkage, "normalize": config.whitening_normalize}
     if method == "cluster_recenter":
         return {"k": config.cluster_k, "D": config.cluster_D, "distance_measure": config.cluster_distance_measure,
-                "seed": config.seed}
+                "seed": config.seed, "task_memory": config.cluster_task_memory}
     if method == "abtt_pca_abtt":
         return {"D": config.abtt_D, "k": config.pca_k, "D2": config.abtt_D2, "max_D": config.decision.max_D}
     if method == "flow":

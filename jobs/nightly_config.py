@@ -2,7 +2,8 @@
 
 Per-method settings are the method's Param names (snake_case) prefixed by the method: ``abtt_D``,
 ``whitening_k``, ``whitening_shrinkage``, ``whitening_normalize``, ``cluster_k``, ``cluster_D``,
-``cluster_distance_measure`` (``cluster_*`` also drive the ``mixture_check`` k-means), ``pca_k`` and
+``cluster_distance_measure``, ``cluster_task_memory`` (``cluster_*`` also drive the ``mixture_check`` k-means),
+``pca_k`` and
 ``abtt_D2`` (abtt_pca_abtt, with ``abtt_D``), ``flow_sample_size`` … ``flow_learning_rate`` (flow, with ``seed``).
 """
 from __future__ import annotations
@@ -40,6 +41,7 @@ class NightlyConfig(InputSettings):
     cluster_k: int = 8
     cluster_D: int = 0
     cluster_distance_measure: Literal["euclidean", "cosine"] = "euclidean"
+    cluster_task_memory: int = 0
     flow_sample_size: int = 5000
     flow_steps: int = 300
     flow_couplings: int = 4
@@ -77,6 +79,8 @@ class NightlyConfig(InputSettings):
             problems.append(f"whitening_shrinkage must be in [0, 1], got {self.whitening_shrinkage}")
         if self.cluster_k < 1 or self.cluster_D < 0:
             problems.append(f"cluster_k must be >= 1 and cluster_D >= 0, got {self.cluster_k}, {self.cluster_D}")
+        if self.cluster_task_memory < 0:
+            problems.append(f"cluster_task_memory must be >= 0 bytes, got {self.cluster_task_memory}")
         if self.abtt_D2 is not None and self.abtt_D2 < 0 or self.pca_k is not None and self.pca_k < 1:
             problems.append(f"abtt_D2 must be >= 0 and pca_k >= 1, got {self.abtt_D2}, {self.pca_k}")
         problems += flow_problems(self, "flow_")

@@ -123,7 +123,7 @@ def diagnose(ctx: NightlyContext, info: dict) -> None:
     if config.mixture_check:
         ctx.cluster_recenter, states = fit_cluster_recenter(ctx.valid, config.vector_col, d, config.cluster_k,
                                                             config.cluster_D, config.cluster_distance_measure,
-                                                            config.seed)
+                                                            config.seed, task_memory=config.cluster_task_memory)
         ctx.clusters = cluster_diagnostics(states)
         rec["clusters"] = {k: ctx.clusters[k] for k in ("locally_isotropic", "clusters")}
 

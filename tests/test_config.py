@@ -115,3 +115,10 @@ def test_every_job_shares_the_input_block():
         from_mapping(FitConfig, {"input": "x", "artifact": "a", "dimension": 0})
     with pytest.raises(ConfigError, match="output must differ from input"):
         from_mapping(ApplyConfig, {"input": "t", "artifact": "a", "output": "file://" + __import__("os").path.abspath("t")})
+
+
+def test_fit_config_rejects_a_negative_task_memory():
+    from jobs.fit import FitConfig
+
+    assert "task_memory must be >= 0 bytes, got -1" in FitConfig(input="x", artifact="y", task_memory=-1).check()
+    assert not any("task_memory" in problem for problem in FitConfig(input="x", artifact="y").check())

@@ -170,6 +170,7 @@ def test_gate_counts_every_copy_and_a_null_id_exactly(spark):
 @pytest.mark.parametrize("flags,fragment", [
     (["--method", "magic"], "method: 'magic' is not one of"),
     (["--cluster-k", "many"], "cluster_k: expected int"),
+    (["--cluster-task-memory", "-1"], "cluster_task_memory must be >= 0 bytes, got -1"),
     (["--abtt-D", "8", "--dimension", "8"], "abtt_D=8 must satisfy 0 <= abtt_D < dimension=8"),
     (["--output-bounds", "{top1_var: [0.9, 0.1]}"], "output_bounds.top1_var"),
     (["--drift", "{entropy: 0.1}"], "drift.entropy"),
