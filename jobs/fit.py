@@ -35,8 +35,8 @@ class FitConfig(InputSettings):
     """Settings of the fit job (conf/fit.yaml). The method settings are its Estimator's Params in snake_case
     (:func:`anisotropy_spark.params.param_name`); only those of ``method`` are used: ``D``/``max_D`` (abtt),
     ``k``…``normalize`` (whitening), ``k``, ``D``, ``distance_measure``, ``seed``, ``task_memory``
-    (cluster_recenter), ``D``,
-    ``k``, ``D2``, ``max_D`` (abtt_pca_abtt), ``sample_size``…``learning_rate``, ``seed`` (flow)."""
+    (cluster_recenter), ``D``, ``k``, ``D2``, ``max_D`` (abtt_pca_abtt), ``sample_size``…``learning_rate``,
+    ``seed`` (flow)."""
 
     artifact: str
     method: str = "abtt"

@@ -190,8 +190,8 @@ def test_estimator_for_builds_registered_methods_from_config_keys():
     cluster = estimator_for("cluster_recenter", {"k": 2, "D": 1, "distance_measure": "cosine", "seed": 5})
     assert (cluster.getK(), cluster.getD(), cluster.getDistanceMeasure(), cluster.getSeed()) == (2, 1, "cosine", 5)
     assert cluster.getPredictionCol() == "cluster_id"
-    assert cluster.getTaskMemory() == 0 and estimator_for("cluster_recenter", {"task_memory": 1 << 30}).getTaskMemory() \
-        == 1 << 30
+    assert cluster.getTaskMemory() == 0
+    assert estimator_for("cluster_recenter", {"task_memory": 1 << 30}).getTaskMemory() == 1 << 30
     with pytest.raises(ValueError, match="unknown correction method 'nope'"):
         estimator_for("nope", {})
     with pytest.raises(ValueError, match="abtt: unknown parameter 'k'"):
