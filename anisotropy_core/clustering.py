@@ -175,6 +175,11 @@ class ClusterState:
 
     # --- wire format: flat float64 [k, d, m, inertia, counts…, sums…, far_dist…, far_points…] (no pickle) ---
 
+    @staticmethod
+    def max_wire_bytes(k: int, d: int) -> int:
+        """Size of :meth:`to_bytes` for k clusters in dimension d at its largest (m = k farthest points)."""
+        return 8 * (4 + k + k * d + k + k * d)
+
     def to_bytes(self) -> bytes:
         head = np.array([self.k, self.d, self.far_dist.shape[0], self.inertia], dtype=np.float64)
         return np.concatenate([head, self.counts, self.sums.ravel(), self.far_dist,

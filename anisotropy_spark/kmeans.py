@@ -193,7 +193,7 @@ def fits_in_memory(n: int, dimension: int, itemsize: int, k: int, slots: int, ta
     ``dimension`` × ``itemsize`` bytes within ``task_memory``, and one allGather of all tasks' k-cluster states
     (base64) stays within ``ALL_GATHER_BYTES``."""
     share = math.ceil(n / slots) * dimension * itemsize
-    gathered = slots * 8 * (4 + 2 * k + 2 * k * dimension) * 4 / 3
+    gathered = slots * ClusterState.max_wire_bytes(k, dimension) * 4 / 3
     return 0 < share <= task_memory and gathered <= ALL_GATHER_BYTES
 
 

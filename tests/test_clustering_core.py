@@ -104,6 +104,7 @@ def test_state_merge_equals_one_batch_and_survives_bytes():
     whole = ClusterState.of_batch(X, C, "euclidean")
     merged = ClusterState.of_batch(X[:250], C, "euclidean").merge(ClusterState.of_batch(X[250:], C, "euclidean"))
     back = ClusterState.from_bytes(merged.to_bytes())
+    assert len(merged.to_bytes()) == ClusterState.max_wire_bytes(4, 5)      # 4 far points: the largest state
     for state in (merged, back):
         assert np.allclose(state.sums, whole.sums, rtol=1e-12)
         assert np.array_equal(state.counts, whole.counts)
