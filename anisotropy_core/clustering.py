@@ -26,7 +26,7 @@ import numpy as np
 
 from .diagnostics import centred_spectrum, diagnose
 from .moments import InvalidVectorsError, Moments
-from .transforms import FittedTransform, check_input, register
+from .transforms import FittedTransform, check_shape, map_blocks, register
 
 METRICS = ("euclidean", "cosine")
 DEFAULT_MAX_ITER = 50
@@ -615,23 +615,31 @@ class ClusterRecenter(FittedTransform):
         """(B,) int64 cluster id of each raw vector (B, d)."""
         return assign(prepare(vectors, self.metric), self.centroids, self.metric)[0]
 
-    def apply_with_clusters(self, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(corrected (B, d) float64, cluster ids (B,) int64)`` for raw ``vectors`` (B, d).
+    def apply_with_clusters(self, vectors: np.ndarray, dtype: type = np.float64) -> tuple[np.ndarray, np.ndarray]:
+        """``(corrected (B, d) of dtype, cluster ids (B,) int64)`` for raw ``vectors`` (B, d), float32 or float64.
 
-        Raises :class:`TransformInputError` (naming the row) on a wrong dimension or non-finite value.
+        Computed in float64 block by block (:func:`~anisotropy_core.transforms.map_blocks`; the assignment too),
+        then cast to ``dtype``. Raises :class:`TransformInputError` (naming the row) on a wrong dimension or a
+        non-finite value, :class:`NonFiniteOutputError` on a non-finite output (e.g. after the cast).
         """
-        x = check_input(np.asarray(vectors, dtype=np.float64), self.d_in)
-        ids = self.assign(x)
-        out = x - self.means[ids]
-        if self.n_directions:
-            u = self.directions[ids]                       # (B, D, d)
-            out -= np.einsum("bj,bjd->bd", np.einsum("bjd,bd->bj", u, out), u)
-        return out, ids
+        x = check_shape(np.asarray(vectors), self.d_in)
+        ids = np.empty(x.shape[0], dtype=np.int64)
 
-    def apply(self, vectors: np.ndarray) -> np.ndarray:
-        """Corrected vectors (B, d) (or (d,) for one vector); see :meth:`apply_with_clusters`."""
-        x = np.asarray(vectors, dtype=np.float64)
-        out = self.apply_with_clusters(x[None, :] if x.ndim == 1 else x)[0]
+        def recenter(rows: np.ndarray, start: int) -> np.ndarray:
+            block_ids = ids[start:start + rows.shape[0]]
+            block_ids[...] = self.assign(rows)
+            out = rows - self.means[block_ids]
+            if self.n_directions:
+                u = self.directions[block_ids]                       # (b, D, d)
+                out -= np.einsum("bj,bjd->bd", np.einsum("bjd,bd->bj", u, out), u)
+            return out
+
+        return map_blocks(x, self.d_in, self.d_out, dtype, recenter, self.method), ids
+
+    def apply(self, vectors: np.ndarray, dtype: type = np.float64) -> np.ndarray:
+        """Corrected vectors (B, d) (or (d,) for one vector) of ``dtype``; see :meth:`apply_with_clusters`."""
+        x = np.asarray(vectors)
+        out = self.apply_with_clusters(x[None, :] if x.ndim == 1 else x, dtype)[0]
         return out[0] if x.ndim == 1 else out
 
 

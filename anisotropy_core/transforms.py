@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Union
+from typing import Any, Callable, ClassVar, Union
 
 import numpy as np
 
@@ -36,6 +36,7 @@ REGISTRY: dict[str, type["FittedTransform"]] = {}
 PLUGINS = {"cluster_recenter": "anisotropy_core.clustering", "flow": "anisotropy_core.flow"}   # method → module that registers it
 
 DEFAULT_EPS = 1e-12   # whitening clamp: eigenvalues below eps·λ₁ are raised to eps·λ₁
+APPLY_BLOCK_ROWS = 1024   # rows per block of apply: its float64 temporaries stay in the CPU cache
 
 
 class TransformInputError(ValueError):
@@ -47,11 +48,18 @@ class TransformInputError(ValueError):
 
 
 class NonFiniteOutputError(ValueError):
-    """A transformed row is non-finite or cannot be normalised; ``row`` is its index in the batch."""
+    """A transformed row is non-finite or cannot be normalised; ``row`` is its index in the batch.
 
-    def __init__(self, message: str, row: int):
-        super().__init__(message)
-        self.row = row
+    ``template``: the message with a ``{row}`` field, so that :meth:`shifted` can restate it for a batch
+    of which the failing rows were one block."""
+
+    def __init__(self, template: str, row: int):
+        super().__init__(template.format(row=row))
+        self.template, self.row = template, row
+
+    def shifted(self, offset: int) -> "NonFiniteOutputError":
+        """The same error for the batch whose block starting at row ``offset`` raised it."""
+        return NonFiniteOutputError(self.template, self.row + offset)
 
 
 def register(cls: type["FittedTransform"]) -> type["FittedTransform"]:
@@ -101,36 +109,73 @@ class FittedTransform:
     def from_parts(cls, params: dict[str, Any], arrays: dict[str, np.ndarray]) -> "FittedTransform":
         raise NotImplementedError
 
-    def apply(self, vectors: np.ndarray) -> np.ndarray:
-        """Transform raw vectors (n, d_in) or one vector (d_in,) → (n, d_out) or (d_out,), float64.
+    def apply(self, vectors: np.ndarray, dtype: type = np.float64) -> np.ndarray:
+        """Transform raw vectors (n, d_in) or one vector (d_in,) → (n, d_out) or (d_out,) of ``dtype``.
 
+        float32 or float64 input; every value is computed in float64 (:func:`map_blocks`: blocks of
+        ``APPLY_BLOCK_ROWS`` rows), then cast to ``dtype`` (float64, or float32 for a float32 table).
         Raises :class:`TransformInputError` on a dimension mismatch or a non-finite input value and
-        :class:`NonFiniteOutputError` if an output row would be non-finite (never returns NaN/Inf).
+        :class:`NonFiniteOutputError` if an output row would be non-finite, in float64 or after the cast
+        (never returns NaN/Inf).
         """
-        x = np.asarray(vectors, dtype=np.float64)
+        x = np.asarray(vectors)
         single = x.ndim == 1
-        x = check_input(x[None, :] if single else x, self.d_in)
-        out = self._map(x - self.mean)
-        bad = ~np.isfinite(out).all(axis=1)
-        if bad.any():
-            row = int(np.argmax(bad))
-            raise NonFiniteOutputError(f"{self.method}: transformed row {row} is not finite", row)
+        out = map_blocks(x[None, :] if single else x, self.d_in, self.d_out, dtype,
+                         lambda rows, _start: self._map(rows - self.mean), self.method)
         return out[0] if single else out
 
     def _map(self, centred: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
 
-def check_input(x: np.ndarray, d: int) -> np.ndarray:
-    """Return ``x`` if it is an (n, d) finite matrix; otherwise raise naming the first bad row/column."""
+BlockFn = Callable[[np.ndarray, int], np.ndarray]   # (rows (b, d_in) float64, first row) → (b, d_out) float64
+
+
+def map_blocks(x: np.ndarray, d_in: int, d_out: int, dtype: type, block: BlockFn, method: str) -> np.ndarray:
+    """(n, d_out) ``dtype`` array of ``block`` applied to ``x`` (n, d_in) in blocks of ``APPLY_BLOCK_ROWS``
+    rows (each block converted to float64 first; float32 → float64 is exact), so that the float64
+    temporaries of a large batch stay in the CPU cache instead of costing several batch-sized passes
+    through memory (measured: half the time at d = 768).
+
+    Checks each input block (:func:`check_input`) and each output block after the cast to ``dtype``;
+    errors name the row of ``x`` (a block's :class:`NonFiniteOutputError` is shifted to it).
+    """
+    out = np.empty((check_shape(x, d_in).shape[0], d_out), dtype)
+    for start in range(0, x.shape[0], APPLY_BLOCK_ROWS):
+        rows = check_input(np.asarray(x[start:start + APPLY_BLOCK_ROWS], dtype=np.float64), d_in, start)
+        try:
+            mapped = block(rows, start)
+        except NonFiniteOutputError as exc:
+            raise exc.shifted(start) from None
+        target = out[start:start + rows.shape[0]]
+        with np.errstate(over="ignore"):             # an overflowing cast is reported just below
+            target[...] = mapped
+        bad = ~np.isfinite(target).all(axis=1)
+        if bad.any():
+            row = int(np.argmax(bad))
+            if np.isfinite(mapped[row]).all():      # finite in float64: the cast to dtype overflowed
+                raise NonFiniteOutputError(f"{method}: row {{row}}: non-finite output value after the cast to "
+                                           f"{np.dtype(dtype).name}", start + row)
+            raise NonFiniteOutputError(f"{method}: transformed row {{row}} is not finite", start + row)
+    return out
+
+
+def check_shape(x: np.ndarray, d: int) -> np.ndarray:
+    """Return ``x`` if it is an (n, d) matrix; otherwise raise :class:`TransformInputError`."""
     if x.ndim != 2 or x.shape[1] != d:
         raise TransformInputError(
             f"input has shape {x.shape} but the transform was fitted on dimension {d}: "
             "apply it only to vectors from the same embedding model")
-    finite = np.isfinite(x)
+    return x
+
+
+def check_input(x: np.ndarray, d: int, first_row: int = 0) -> np.ndarray:
+    """Return ``x`` if it is an (n, d) finite matrix; otherwise raise naming the first bad row/column
+    (rows numbered from ``first_row``: ``x`` may be one block of a batch)."""
+    finite = np.isfinite(check_shape(x, d))
     if not finite.all():
         row, col = (int(i) for i in np.argwhere(~finite)[0])
-        raise TransformInputError(f"non-finite input value at row {row}, column {col}", row)
+        raise TransformInputError(f"non-finite input value at row {first_row + row}, column {col}", first_row + row)
     return x
 
 
@@ -242,8 +287,8 @@ class Whitening(FittedTransform):
         zero = norms[:, 0] == 0
         if zero.any():
             row = int(np.argmax(zero))
-            raise NonFiniteOutputError(
-                f"whitening: row {row} equals the fitted mean, so it cannot be L2-normalised", row)
+            raise NonFiniteOutputError("whitening: row {row} equals the fitted mean, so it cannot be L2-normalised",
+                                       row)
         return z / norms
 
 

@@ -2,8 +2,9 @@
 
 A row is invalid, for the first matching reason in this order: ``null_id`` (the id is null),
 ``null_vector``, ``wrong_dimension:<length>``, ``non_finite`` (NaN, ±Inf or a null element) or ``zero_norm``.
-:func:`check_batch` splits one Arrow batch into the (B_valid, d) float64 matrix of its valid rows and the
-per-row reasons, reading ``array<float>`` as float32 and casting per batch (no JVM-side double copy).
+:func:`check_batch` splits one Arrow batch into the (B_valid, d) matrix of its valid rows and the per-row
+reasons; ``array<float>`` stays float32 (no JVM-side double copy, no batch-sized float64 copy: the consumer
+casts, e.g. block by block).
 :class:`Tally` counts the reasons with up to five sample ids each; partitions' tallies merge like moments.
 """
 from __future__ import annotations
@@ -38,7 +39,8 @@ def require_columns(columns: list[str], needed: list[str], role: str) -> None:
 
 @dataclass
 class CheckedBatch:
-    """One batch split by the contract: ``matrix`` (B_valid, d) float64 of the valid rows in batch order,
+    """One batch split by the contract: ``matrix`` (B_valid, d) of the valid rows in batch order, in the
+    column's element type (float32 for ``array<float>``, else float64),
     ``valid`` (B,) bool mask, ``reasons`` (B,) object array (None where valid) or None when all rows are valid."""
 
     matrix: np.ndarray
@@ -77,7 +79,7 @@ def check_batch(batch: pa.RecordBatch, vector_col: str, id_col: str | None, dime
     valid = shaped.copy()
     valid[shaped] = kept
     if valid.all():
-        return CheckedBatch(np.asarray(matrix, dtype=np.float64), valid, None)
+        return CheckedBatch(matrix, valid, None)
     reasons = np.full(rows, None, dtype=object)
     shaped_rows = np.flatnonzero(shaped)
     reasons[shaped_rows[~nonzero]] = "zero_norm"
@@ -86,7 +88,7 @@ def check_batch(batch: pa.RecordBatch, vector_col: str, id_col: str | None, dime
         reasons[row] = f"wrong_dimension:{lengths[row]}"
     reasons[null_vector] = "null_vector"
     reasons[null_id] = "null_id"
-    return CheckedBatch(np.asarray(matrix[kept], dtype=np.float64), valid, reasons)
+    return CheckedBatch(matrix[kept], valid, reasons)
 
 
 @dataclass

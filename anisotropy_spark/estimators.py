@@ -398,9 +398,10 @@ class CorrectionModel(Model, _CorrectionParams, HasOutputDtype, MLReadable, MLWr
         return []
 
     def batch_outputs(self) -> "BatchOutputs | None":
-        """Function (B, d_in) float64 → ((B, d_out) corrected, one length-B Arrow array per
-        :meth:`extra_output_fields` entry), run inside the Python workers; None = ``transform_.apply`` with no
-        extra columns. It must capture plain data only (e.g. ``transform_``), never the model itself."""
+        """Function ((B, d_in) float32|float64 vectors, output dtype) → ((B, d_out) corrected of that dtype,
+        finite after the cast, one length-B Arrow array per :meth:`extra_output_fields` entry), run inside the
+        Python workers; None = ``transform_.apply`` with no extra columns. It must capture plain data only (e.g.
+        ``transform_``), never the model itself."""
         return None
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
@@ -429,7 +430,7 @@ class CorrectionModel(Model, _CorrectionParams, HasOutputDtype, MLReadable, MLWr
         return _CorrectionReader(cls)
 
 
-BatchOutputs = Callable[[np.ndarray], "tuple[np.ndarray, list[pa.Array]]"]
+BatchOutputs = Callable[[np.ndarray, type], "tuple[np.ndarray, list[pa.Array]]"]
 
 
 class RowChecks(NamedTuple):
@@ -458,24 +459,24 @@ def numpy_dtype(element_type: FloatType | DoubleType) -> type:
 def apply_batches(transform: FittedTransform, vector_col: str, output_col: str, extra_cols: Sequence[str] = (),
                   outputs: BatchOutputs | None = None, output_dtype: type = np.float64,
                   checks: RowChecks | None = None):
-    """``mapInArrow`` function: each batch's (B, d_in) vectors → (B, d_out) ``output_col`` of ``output_dtype``
-    (computed in float64, then cast and checked finite), then the ``extra_cols`` (each a length-B Arrow
-    array), replacing input columns of the same names; with ``checks``, see :class:`RowChecks`.
+    """``mapInArrow`` function: each batch's (B, d_in) vectors (read in the column's element type) → (B, d_out)
+    ``output_col`` of ``output_dtype`` (computed in float64 block by block, then cast and checked finite by
+    :func:`~anisotropy_core.transforms.map_blocks`), then the ``extra_cols`` (each a length-B Arrow array),
+    replacing input columns of the same names; with ``checks``, see :class:`RowChecks`.
 
-    ``outputs``: (B, d_in) → ((B, d_out), [one array per extra column]); default ``transform.apply`` and no
-    extra columns. Errors name the batch row and, when the batch has other columns, that row's values (e.g.
-    its id).
+    ``outputs``: :data:`BatchOutputs`; default ``transform.apply`` and no extra columns. Errors name the batch
+    row and, when the batch has other columns, that row's values (e.g. its id).
     """
     d = transform.d_in
     extra_cols = list(extra_cols)
-    compute = outputs if outputs is not None else (lambda x: (transform.apply(x), []))
+    compute = outputs if outputs is not None else (lambda x, dtype: (transform.apply(x, dtype), []))
     written = [output_col] + extra_cols + ([REASON_COLUMN] if checks and checks.tag_invalid else [])
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             valid, reasons = None, []
             if checks is None:
-                matrix = batch_matrix(batch, vector_col, d)
+                matrix = batch_matrix(batch, vector_col, d, dtype=None)
             else:
                 checked = check_batch(batch, vector_col, checks.id_col, d)
                 if checked.reasons is not None:
@@ -487,7 +488,7 @@ def apply_batches(transform: FittedTransform, vector_col: str, output_col: str, 
                     reasons = [pa.array(checked.reasons if valid is not None else [None] * batch.num_rows,
                                         pa.string())]
             try:
-                result, extra = compute(matrix)
+                result, extra = compute(matrix, output_dtype)
             except ValueError as exc:
                 row = getattr(exc, "row", None)
                 if row is not None and valid is not None:
@@ -495,12 +496,6 @@ def apply_batches(transform: FittedTransform, vector_col: str, output_col: str, 
                 raise ValueError(f"{exc} [{row_context(batch, row, vector_col)}]") from exc
             if len(extra) != len(extra_cols):
                 raise ValueError(f"batch function returned {len(extra)} extra columns, expected {extra_cols}")
-            result = result.astype(output_dtype, copy=False)
-            finite = np.isfinite(result).all(axis=1)
-            if not finite.all():
-                row = int(np.argmin(finite)) if valid is None else int(np.flatnonzero(valid)[np.argmin(finite)])
-                raise ValueError(f"non-finite output value after the cast to {np.dtype(output_dtype).name} "
-                                 f"[{row_context(batch, row, vector_col)}]")
             names = [n for n in batch.schema.names if n not in written]
             columns = [batch.column(batch.schema.get_field_index(n)) for n in names]
             yield pa.RecordBatch.from_arrays(

@@ -306,11 +306,11 @@ class ClusterRecenterModel(CorrectionModel, _ClusterRecenterParams):
 
 
 def cluster_outputs(transform: ClusterRecenter) -> BatchOutputs:
-    """Batch function of :meth:`ClusterRecenterModel.batch_outputs`: (B, d) raw vectors →
-    ((B, d) corrected, [(B,) int32 cluster ids])."""
+    """Batch function of :meth:`ClusterRecenterModel.batch_outputs`: ((B, d) raw vectors, dtype) →
+    ((B, d) corrected of dtype, [(B,) int32 cluster ids])."""
 
-    def run(x: np.ndarray) -> tuple[np.ndarray, list[pa.Array]]:
-        corrected, ids = transform.apply_with_clusters(x)
+    def run(x: np.ndarray, dtype: type) -> tuple[np.ndarray, list[pa.Array]]:
+        corrected, ids = transform.apply_with_clusters(x, dtype)
         return corrected, [pa.array(ids.astype(np.int32))]
 
     return run

@@ -9,6 +9,7 @@ from anisotropy_core.clustering import (ClusterRecenter, ClusterState, assign, c
 from anisotropy_core.diagnostics import centred_spectrum, diagnose
 from anisotropy_core.moments import InvalidVectorsError, Moments
 from anisotropy_core.synthetic import mixture, random_rotation
+from anisotropy_core.transforms import APPLY_BLOCK_ROWS, TransformInputError
 
 
 def two_populations(d=200, n=10_000, seed=0):
@@ -226,3 +227,29 @@ def test_cluster_state_matches_direct_formulas():
     assert state.inertia == pytest.approx(float(w @ direct[np.arange(300), ids]), rel=1e-12)
     plain = ClusterState.of_batch(x, centroids, "euclidean", w)
     assert np.array_equal(plain.sums, state.sums) and plain.inertia == pytest.approx(state.inertia, rel=1e-12)
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_blocked_cluster_recentering_equals_the_per_row_formula(metric):
+    """Issue 9: apply_with_clusters runs in blocks of APPLY_BLOCK_ROWS rows, in float64 whatever the input's
+    precision, then casts; ids and rows equal the formula applied row by row to the whole batch."""
+    X, _ = mixture(2 * APPLY_BLOCK_ROWS + 300, 6, (0.6, 0.4), separation=4.0, seed=2)
+    fit, _ = fit_cluster_recenter(X, k=3, n_directions=1, metric=metric, seed=0)
+    x32 = X.astype(np.float32)
+    x64 = x32.astype(np.float64)
+    want_ids = assign(prepare(x64, metric), fit.centroids, metric)[0]
+    centred = x64 - fit.means[want_ids]
+    u = fit.directions[want_ids, 0]                                  # (n, d): the one direction per cluster
+    want = centred - np.sum(centred * u, axis=1, keepdims=True) * u
+    out, ids = fit.apply_with_clusters(x32)
+    assert out.dtype == np.float64
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
+    out32, ids32 = fit.apply_with_clusters(x32, np.float32)
+    assert out32.dtype == np.float32
+    np.testing.assert_array_equal(ids32, want_ids)
+    np.testing.assert_array_equal(out32, out.astype(np.float32))
+    bad = x64.copy()
+    bad[APPLY_BLOCK_ROWS + 5, 2] = np.nan
+    with pytest.raises(TransformInputError, match=f"row {APPLY_BLOCK_ROWS + 5}, column 2"):
+        fit.apply(bad)

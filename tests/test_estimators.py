@@ -10,7 +10,7 @@ from pyspark.sql import functions as F
 from anisotropy_core import synthetic
 from anisotropy_core.artifact import ArtifactError, load_artifact
 from anisotropy_core.moments import Moments
-from anisotropy_core.transforms import fit_abtt, fit_center, fit_whitening
+from anisotropy_core.transforms import APPLY_BLOCK_ROWS, fit_abtt, fit_center, fit_whitening
 from anisotropy_spark.estimators import (AbttPcaAbttEstimator, AllButTheTopEstimator, CenterEstimator,
                                          CorrectionModel, FlowEstimator, WhiteningEstimator)
 from anisotropy_spark.kmeans import ClusterRecenterEstimator
@@ -214,3 +214,17 @@ def test_whitening_eigenvectors_are_sign_canonical(data):
     white = fit_whitening(Moments.of_batch(data), k=D)
     u = white.matrix * np.sqrt(np.maximum(white.eigenvalues[:D], white.eps * white.eigenvalues[0]))
     assert all(np.array_equal(canonical_sign(u[:, j]), u[:, j]) for j in range(D))
+
+
+@pytest.mark.parametrize("estimator", [AllButTheTopEstimator(D=2), ClusterRecenterEstimator(k=3, D=1)])
+def test_float32_batches_spanning_apply_blocks_equal_the_numpy_apply(spark, estimator):
+    """Issue 9: the workers transform each Arrow batch in blocks (float64 inside, float32 out, no float64 copy of
+    the batch); a batch of several blocks gives exactly the numpy core's ``apply(x, float32)`` for every id."""
+    x = synthetic.cone(2 * APPLY_BLOCK_ROWS + 300, D, offset=4.0, alpha=1.0, seed=5).astype(np.float32)
+    table = spark.createDataFrame([(i, row.tolist()) for i, row in enumerate(x)], "id long, vector array<float>")
+    model = estimator.copy().setInputCol("vector").setOutputCol("out").fit(table.coalesce(1))
+    out = model.transform(table.coalesce(1))
+    assert out.schema["out"].dataType.elementType.simpleString() == "float"
+    got = dict((r["id"], r["out"]) for r in out.select("id", "out").collect())
+    want = model.transform_.apply(x, np.float32)
+    np.testing.assert_array_equal(np.array([got[i] for i in range(len(x))], dtype=np.float32), want)

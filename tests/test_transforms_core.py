@@ -9,8 +9,9 @@ from anisotropy_core import synthetic
 from anisotropy_core.artifact import ArtifactError, load_artifact, save_artifact
 from anisotropy_core.diagnostics import diagnose
 from anisotropy_core.moments import Moments
-from anisotropy_core.transforms import (AllButTheTop, NonFiniteOutputError, TransformInputError, choose_d,
-                                        choose_directions, fit, fit_abtt, fit_center, fit_whitening, from_parts)
+from anisotropy_core.transforms import (APPLY_BLOCK_ROWS, AllButTheTop, NonFiniteOutputError, TransformInputError,
+                                        choose_d, choose_directions, fit, fit_abtt, fit_center, fit_whitening,
+                                        from_parts)
 
 # chapter 3: raw vectors = centred vectors + mean (3, 0, 0)
 WORDS = np.array([[4.6, 1.0, 0.5],    # cat
@@ -297,3 +298,54 @@ def test_whitening_after_abtt_drops_the_removed_directions():
     assert np.allclose(np.cov(both.apply(x), rowvar=False, bias=True), np.eye(5), atol=1e-8)
     with pytest.raises(ValueError, match="k=11"):
         fit_whitening(s, k=11, exclude=[1, 3])
+
+
+# ------------------------------------------------------------------------- blocked apply (issue 9)
+
+def batch_of_blocks(d=12, seed=3):
+    """float32 rows spanning three apply blocks (the last one partial), and their float64 copy."""
+    x = synthetic.cone(2 * APPLY_BLOCK_ROWS + 300, d, offset=3.0, alpha=1.0, seed=seed).astype(np.float32)
+    return x, x.astype(np.float64)
+
+
+@pytest.mark.parametrize("method, params", [("center", {}), ("abtt", {"D": 2}), ("whitening", {"k": 5}),
+                                            ("whitening", {"normalize": True})])
+def test_blocked_apply_equals_the_whole_batch_formula_for_float32_and_float64(method, params):
+    x32, x64 = batch_of_blocks()
+    t = fit(method, state(x64), **params)
+    whole = t._map(x64 - t.mean)                                  # the formula on the whole batch at once
+    if params.get("normalize"):
+        whole = (x64 - t.mean) @ t.matrix
+        whole /= np.linalg.norm(whole, axis=1, keepdims=True)
+    out64 = t.apply(x64)
+    assert out64.dtype == np.float64 and out64.shape == (x64.shape[0], t.d_out)
+    np.testing.assert_allclose(out64, whole, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(t.apply(x32), out64)            # float32 in: the same float64 numbers
+    out32 = t.apply(x32, np.float32)
+    assert out32.dtype == np.float32
+    np.testing.assert_array_equal(out32, out64.astype(np.float32))  # computed in float64, then cast
+    assert t.apply(x32[7], np.float32).shape == (t.d_out,)
+
+
+def test_blocked_apply_errors_name_the_row_of_the_batch_not_of_the_block():
+    x32, x64 = batch_of_blocks()
+    row = APPLY_BLOCK_ROWS + 17                                   # in the second block
+    bad = x64.copy()
+    bad[row, 4] = np.inf
+    with pytest.raises(TransformInputError, match=f"row {row}, column 4") as info:
+        fit("abtt", state(x64), D=1).apply(bad)
+    assert info.value.row == row
+    white = fit_whitening(state(x64), normalize=True)
+    at_mean = x64.copy()
+    at_mean[row] = white.mean
+    with pytest.raises(NonFiniteOutputError, match=f"whitening: row {row} equals the fitted mean") as info:
+        white.apply(at_mean)
+    assert info.value.row == row
+    huge = x64.copy()
+    huge[row] = 1e39                                              # finite in float64, not in float32
+    centre = fit("center", state(x64))
+    assert np.isfinite(centre.apply(huge)).all()
+    with pytest.raises(NonFiniteOutputError, match=f"center: row {row}: non-finite output value after the cast "
+                                                   "to float32") as info:
+        centre.apply(huge, np.float32)
+    assert info.value.row == row
