@@ -628,11 +628,11 @@ class ClusterRecenter(FittedTransform):
         def recenter(rows: np.ndarray, start: int) -> np.ndarray:
             block_ids = ids[start:start + rows.shape[0]]
             block_ids[...] = self.assign(rows)
-            out = rows - self.means[block_ids]
+            rows -= self.means[block_ids]
             if self.n_directions:
                 u = self.directions[block_ids]                       # (b, D, d)
-                out -= np.einsum("bj,bjd->bd", np.einsum("bjd,bd->bj", u, out), u)
-            return out
+                rows -= np.einsum("bj,bjd->bd", np.einsum("bjd,bd->bj", u, rows), u)
+            return rows
 
         return map_blocks(x, self.d_in, self.d_out, dtype, recenter, self.method), ids
 

@@ -36,7 +36,7 @@ REGISTRY: dict[str, type["FittedTransform"]] = {}
 PLUGINS = {"cluster_recenter": "anisotropy_core.clustering", "flow": "anisotropy_core.flow"}   # method → module that registers it
 
 DEFAULT_EPS = 1e-12   # whitening clamp: eigenvalues below eps·λ₁ are raised to eps·λ₁
-APPLY_BLOCK_ROWS = 1024   # rows per block of apply: its float64 temporaries stay in the CPU cache
+APPLY_BLOCK_ROWS = 256    # rows per block of apply: its float64 scratch (256 × d × 8 bytes) stays in the CPU cache
 
 
 class TransformInputError(ValueError):
@@ -121,28 +121,36 @@ class FittedTransform:
         x = np.asarray(vectors)
         single = x.ndim == 1
         out = map_blocks(x[None, :] if single else x, self.d_in, self.d_out, dtype,
-                         lambda rows, _start: self._map(rows - self.mean), self.method)
+                         lambda rows, _start: self._map(np.subtract(rows, self.mean, out=rows)), self.method)
         return out[0] if single else out
 
     def _map(self, centred: np.ndarray) -> np.ndarray:
+        """(b, d_out) float64 output of the centred rows ``centred`` (b, d_in) float64, which it may overwrite
+        (and return)."""
         raise NotImplementedError
 
 
-BlockFn = Callable[[np.ndarray, int], np.ndarray]   # (rows (b, d_in) float64, first row) → (b, d_out) float64
+# (rows (b, d_in) float64, which it may overwrite; the block's first row) → (b, d_out) float64
+BlockFn = Callable[[np.ndarray, int], np.ndarray]
 
 
 def map_blocks(x: np.ndarray, d_in: int, d_out: int, dtype: type, block: BlockFn, method: str) -> np.ndarray:
     """(n, d_out) ``dtype`` array of ``block`` applied to ``x`` (n, d_in) in blocks of ``APPLY_BLOCK_ROWS``
-    rows (each block converted to float64 first; float32 → float64 is exact), so that the float64
-    temporaries of a large batch stay in the CPU cache instead of costing several batch-sized passes
-    through memory (measured: half the time at d = 768).
+    rows. Each block is copied into one reused float64 scratch array (float32 → float64 is exact) that
+    ``block`` may overwrite, so the float64 work stays in the CPU cache and no batch-sized or per-block
+    float64 array is allocated (measured per 9,259-row float32 batch, ABTT, one core: 38 ms with a new float64
+    array per step and 1,024-row blocks, 15 ms like this at d = 384; whitening, a full GEMM, 62 vs 58 ms
+    with 256 vs 1,024 rows).
 
     Checks each input block (:func:`check_input`) and each output block after the cast to ``dtype``;
     errors name the row of ``x`` (a block's :class:`NonFiniteOutputError` is shifted to it).
     """
     out = np.empty((check_shape(x, d_in).shape[0], d_out), dtype)
+    scratch = np.empty((min(x.shape[0], APPLY_BLOCK_ROWS), d_in), np.float64)
     for start in range(0, x.shape[0], APPLY_BLOCK_ROWS):
-        rows = check_input(np.asarray(x[start:start + APPLY_BLOCK_ROWS], dtype=np.float64), d_in, start)
+        rows = scratch[:min(APPLY_BLOCK_ROWS, x.shape[0] - start)]
+        np.copyto(rows, x[start:start + rows.shape[0]])
+        check_input(rows, d_in, start)
         try:
             mapped = block(rows, start)
         except NonFiniteOutputError as exc:
@@ -150,9 +158,8 @@ def map_blocks(x: np.ndarray, d_in: int, d_out: int, dtype: type, block: BlockFn
         target = out[start:start + rows.shape[0]]
         with np.errstate(over="ignore"):             # an overflowing cast is reported just below
             target[...] = mapped
-        bad = ~np.isfinite(target).all(axis=1)
-        if bad.any():
-            row = int(np.argmax(bad))
+        if not np.isfinite(target).all():
+            row = int(np.argmax(~np.isfinite(target).all(axis=1)))
             if np.isfinite(mapped[row]).all():      # finite in float64: the cast to dtype overflowed
                 raise NonFiniteOutputError(f"{method}: row {{row}}: non-finite output value after the cast to "
                                            f"{np.dtype(dtype).name}", start + row)
@@ -231,7 +238,8 @@ class AllButTheTop(FittedTransform):
         return np.eye(self.d_in) - self.components.T @ self.components
 
     def _map(self, centred):
-        return centred - (centred @ self.components.T) @ self.components
+        centred -= (centred @ self.components.T) @ self.components
+        return centred
 
     def query_side(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The "no re-index" identity (seed chapter 3): score RAW documents with a transformed query.

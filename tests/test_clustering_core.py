@@ -249,6 +249,9 @@ def test_blocked_cluster_recentering_equals_the_per_row_formula(metric):
     assert out32.dtype == np.float32
     np.testing.assert_array_equal(ids32, want_ids)
     np.testing.assert_array_equal(out32, out.astype(np.float32))
+    before = x64.copy()
+    np.testing.assert_array_equal(fit.apply_with_clusters(x64)[0], out)  # float64 in: the caller's rows untouched
+    np.testing.assert_array_equal(x64, before)
     bad = x64.copy()
     bad[APPLY_BLOCK_ROWS + 5, 2] = np.nan
     with pytest.raises(TransformInputError, match=f"row {APPLY_BLOCK_ROWS + 5}, column 2"):

@@ -327,6 +327,20 @@ def test_blocked_apply_equals_the_whole_batch_formula_for_float32_and_float64(me
     assert t.apply(x32[7], np.float32).shape == (t.d_out,)
 
 
+@pytest.mark.parametrize("method, params", [("center", {}), ("abtt", {"D": 2}), ("whitening", {"k": 5})])
+def test_blocked_apply_overwrites_its_scratch_never_the_callers_rows(method, params):
+    """map_blocks hands each block to the transform as a float64 scratch copy that the map overwrites in place:
+    the caller's rows (float64 too, where no conversion copy is needed) and every earlier block's output stay
+    as they were, and a second apply gives the same numbers."""
+    x32, x64 = batch_of_blocks()
+    t = fit(method, state(x64), **params)
+    before = x64.copy()
+    first = t.apply(x64)
+    np.testing.assert_array_equal(x64, before)
+    np.testing.assert_array_equal(t.apply(x64), first)
+    np.testing.assert_array_equal(t.apply(x64[APPLY_BLOCK_ROWS:]), first[APPLY_BLOCK_ROWS:])
+
+
 def test_blocked_apply_errors_name_the_row_of_the_batch_not_of_the_block():
     x32, x64 = batch_of_blocks()
     row = APPLY_BLOCK_ROWS + 17                                   # in the second block
