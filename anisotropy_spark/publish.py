@@ -23,7 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from .io import is_delta_table
-from .session import commit_conf
+from .session import session_conf
 
 DELTA_CONFLICT_CLASS = "io.delta.exceptions.DeltaConcurrentModificationException"
 APPEND_OPERATIONS = ("WRITE", "STREAMING UPDATE")
@@ -158,7 +158,7 @@ def publish(spark: SparkSession, target: PublishTarget, candidate: DataFrame, ne
              .option("txnAppId", target.app_id).option("txnVersion", meta["seq"]).option("userMetadata", text)
              .save(target.path))
         else:
-            with commit_conf(spark, {"spark.databricks.delta.commitInfo.userMetadata": text,
+            with session_conf(spark, {"spark.databricks.delta.commitInfo.userMetadata": text,
                                      "spark.databricks.delta.write.txnAppId": target.app_id,
                                      "spark.databricks.delta.write.txnVersion": str(meta["seq"])}):
                 (DeltaTable.forPath(spark, target.path).alias("t")
@@ -181,6 +181,6 @@ def publish(spark: SparkSession, target: PublishTarget, candidate: DataFrame, ne
 
 def restore(spark: SparkSession, path: str, version: int, meta: dict) -> int:
     """RESTORE ``path`` to ``version`` as one commit whose userMetadata is ``meta``; returns the new version."""
-    with commit_conf(spark, {"spark.databricks.delta.commitInfo.userMetadata": json.dumps(meta, default=str)}):
+    with session_conf(spark, {"spark.databricks.delta.commitInfo.userMetadata": json.dumps(meta, default=str)}):
         DeltaTable.forPath(spark, path).restoreToVersion(version)
     return int(output_state(spark, path).version)

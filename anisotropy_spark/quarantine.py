@@ -17,11 +17,14 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from .contract import REASON_COLUMN, SAMPLE_IDS, InvalidRowsError, Tally
-from .session import commit_conf
+from .session import session_conf
 
 DUPLICATE_ID = "duplicate_id"
 MAX_DUPLICATE_IDS = 1_000_000       # duplicated ids kept on the driver (8 bytes each for long ids) and broadcast
 ROW_HASH = "row_hash"
+# the id scan reads only the id column, so its splits may span 16x Spark's default 128 MiB of file bytes
+# (Spark still cuts a small table into about one split per core: its bytes-per-core bound)
+ID_SCAN_CONF = {"spark.sql.files.maxPartitionBytes": str(2 << 30)}
 PROVENANCE = ("quarantined_at", "run_id", "input_version", ROW_HASH)
 
 
@@ -49,16 +52,20 @@ class Duplicates:
 def find_duplicates(df: DataFrame, id_col: str) -> Duplicates:
     """One aggregate over ``id_col`` only (a shuffle of the ids, not the vectors): the non-null ids of ``df``
     that occur more than once. More than :data:`MAX_DUPLICATE_IDS` of them means the table is not keyed by
-    ``id_col`` at all: :class:`InvalidRowsError`."""
+    ``id_col`` at all: :class:`InvalidRowsError`.
+
+    The scan uses splits of up to 2 GiB of files (:data:`ID_SCAN_CONF`): Spark sizes splits by whole-file bytes,
+    so reading only the ids of a vector table would otherwise run one tiny task per 128 MiB of vectors."""
     repeated = df.where(F.col(id_col).isNotNull()).groupBy(id_col).count().where(F.col("count") > 1)
-    summary = repeated.agg(F.count("*").alias("ids"), F.sum("count").alias("rows")).first()
     spark, field = df.sparkSession, df.select(id_col).schema
-    if not summary["ids"]:
-        return Duplicates(id_col, spark.createDataFrame([], field), Tally())
-    if summary["ids"] > MAX_DUPLICATE_IDS:
-        raise InvalidRowsError(f"{summary['ids']} ids of column {id_col!r} occur more than once "
-                               f"({summary['rows']} rows): the table is not keyed by {id_col!r}")
-    ids = [row[id_col] for row in repeated.select(id_col).collect()]
+    with session_conf(spark, ID_SCAN_CONF):
+        summary = repeated.agg(F.count("*").alias("ids"), F.sum("count").alias("rows")).first()
+        if not summary["ids"]:
+            return Duplicates(id_col, spark.createDataFrame([], field), Tally())
+        if summary["ids"] > MAX_DUPLICATE_IDS:
+            raise InvalidRowsError(f"{summary['ids']} ids of column {id_col!r} occur more than once "
+                                   f"({summary['rows']} rows): the table is not keyed by {id_col!r}")
+        ids = [row[id_col] for row in repeated.select(id_col).collect()]
     sample = sorted(ids, key=lambda v: (str(type(v)), v))[:SAMPLE_IDS]
     return Duplicates(id_col, spark.createDataFrame([(i,) for i in ids], field),
                       Tally({DUPLICATE_ID: int(summary["rows"])}, {DUPLICATE_ID: sample}))
@@ -79,7 +86,7 @@ def write_quarantine(rows: DataFrame, path: str, run_id: str | None, input_versi
     if not DeltaTable.isDeltaTable(spark, path) or ROW_HASH not in spark.read.format("delta").load(path).columns:
         stamped.write.format("delta").mode("append").option("mergeSchema", "true").save(path)
         return
-    with commit_conf(spark, {"spark.databricks.delta.schema.autoMerge.enabled": "true"}):
+    with session_conf(spark, {"spark.databricks.delta.schema.autoMerge.enabled": "true"}):
         (DeltaTable.forPath(spark, path).alias("t")
          .merge(stamped.alias("s"), f"t.{ROW_HASH} = s.{ROW_HASH} AND t.{REASON_COLUMN} = s.{REASON_COLUMN}")
          .whenNotMatchedInsertAll().execute())

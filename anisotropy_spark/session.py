@@ -11,6 +11,10 @@ Every session bounds the Arrow batches handed to Python workers by bytes as well
 (``spark.sql.execution.arrow.maxBytesPerBatch``, which Spark 4 applies to ``mapInArrow``), so a worker's
 memory depends on the batch budget, never on the number of rows or, beyond the budget, on d.
 
+An embedded ``local`` session also reads a Delta table's log state in one partition per local core
+(``spark.databricks.delta.snapshotPartitions``; Delta's default of 50 costs 50 tasks, ≈ 0.3–0.6 s, on every
+query of a table on a 2-core machine).
+
 Spark logs at WARN (no query-plan dumps), and Spark's console progress bar for long stages is
 on only when stderr is a terminal.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import re
 import sys
 from typing import Iterator
 
@@ -69,8 +74,11 @@ def get_spark(app_name: str = "anisotropy", master: str | None = None,
         # embedded: Python workers run this interpreter (its numpy/pyarrow), the Delta jars come from .jars/;
         # under spark-submit its --master and --packages/--jars decide and are never overridden
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        builder = (builder.master(master or os.environ.get("ANISOTROPY_SPARK_MASTER", "local[*]"))
-                   .config("spark.jars", ",".join(delta_jars())))
+        master = master or os.environ.get("ANISOTROPY_SPARK_MASTER", "local[*]")
+        builder = builder.master(master).config("spark.jars", ",".join(delta_jars()))
+        cores = local_cores(master)
+        if cores:   # Delta's default of 50 snapshot partitions is sized for clusters: 50 tasks per table scan
+            builder = builder.config("spark.databricks.delta.snapshotPartitions", str(cores))
         if not _driver_memory_given(extra_conf):
             builder = builder.config("spark.driver.memory", default_driver_memory())
     for key, value in (extra_conf or {}).items():
@@ -78,6 +86,17 @@ def get_spark(app_name: str = "anisotropy", master: str | None = None,
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(LOG_LEVEL)
     return spark
+
+
+def local_cores(master: str) -> int | None:
+    """Worker threads of a ``local``, ``local[N]``, ``local[*]`` or ``local[N, F]`` master URL (``*``: this
+    machine's CPUs); None for any other master."""
+    if master == "local":
+        return 1
+    match = re.fullmatch(r"local\[(\d+|\*)(?:,\s*\d+)?\]", master)
+    if match is None:
+        return None
+    return (os.cpu_count() or 1) if match.group(1) == "*" else int(match.group(1))
 
 
 def default_driver_memory() -> str:
@@ -102,13 +121,17 @@ def _launched_by_spark_submit() -> bool:
 
 
 @contextlib.contextmanager
-def commit_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
-    """Set session confs for one Delta commit (userMetadata, idempotent-DML txn ids, schema auto-merge); unset
-    afterwards."""
+def session_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
+    """Set session confs for the queries or the one Delta commit run inside the block (userMetadata, idempotent-DML
+    txn ids, schema auto-merge, split sizes); afterwards each key gets back the value it had (or is unset)."""
+    previous = {key: spark.conf.get(key, None) for key in settings}
     for key, value in settings.items():
         spark.conf.set(key, value)
     try:
         yield
     finally:
-        for key in settings:
-            spark.conf.unset(key)
+        for key, value in previous.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)

@@ -1,0 +1,28 @@
+"""Session helpers: local core count of a master URL, temporary session confs."""
+import os
+
+import pytest
+
+from anisotropy_spark.session import local_cores, session_conf
+
+
+@pytest.mark.parametrize("master, cores", [
+    ("local", 1), ("local[3]", 3), ("local[*]", os.cpu_count()), ("local[4, 2]", 4), ("local[*,3]", os.cpu_count()),
+    ("spark://host:7077", None), ("yarn", None), ("local-cluster[2,1,1024]", None),
+])
+def test_local_cores_of_a_master_url(master, cores):
+    assert local_cores(master) == cores
+
+
+def test_session_conf_restores_the_previous_value_or_unsets(spark):
+    kept, fresh = "spark.sql.files.maxPartitionBytes", "anisotropy.test.only.key"
+    spark.conf.set(kept, "64MB")
+    try:
+        with pytest.raises(RuntimeError, match="inside"):
+            with session_conf(spark, {kept: "1GB", fresh: "x"}):
+                assert (spark.conf.get(kept), spark.conf.get(fresh)) == ("1GB", "x")
+                raise RuntimeError("inside")
+        assert spark.conf.get(kept) == "64MB"
+        assert spark.conf.get(fresh, None) is None
+    finally:
+        spark.conf.unset(kept)
