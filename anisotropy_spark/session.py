@@ -11,9 +11,9 @@ Every session bounds the Arrow batches handed to Python workers by bytes as well
 (``spark.sql.execution.arrow.maxBytesPerBatch``, which Spark 4 applies to ``mapInArrow``), so a worker's
 memory depends on the batch budget, never on the number of rows or, beyond the budget, on d.
 
-An embedded ``local`` session also reads a Delta table's log state in one partition per local core
-(``spark.databricks.delta.snapshotPartitions``; Delta's default of 50 costs 50 tasks, ≈ 0.3–0.6 s, on every
-query of a table on a 2-core machine).
+An embedded ``local`` session also reads a Delta table's log state in one partition per local core, at most
+Delta's default of 50 (``spark.databricks.delta.snapshotPartitions``; 50 tasks cost ≈ 0.3–0.6 s on every query
+of a table on a 2-core machine).
 
 Spark logs at WARN (no query-plan dumps), and Spark's console progress bar for long stages is
 on only when stderr is a terminal.
@@ -33,6 +33,7 @@ DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 LOG_LEVEL = "WARN"
 DELTA_MAVEN_COORDINATE = "io.delta:delta-spark_2.13:4.0.0"
+DELTA_SNAPSHOT_PARTITIONS = 50    # Delta's own default, kept as the ceiling for a local session
 ARROW_BATCH_BYTES = 32 << 20       # per Arrow batch sent to a Python worker
 DRIVER_MEMORY_FRACTION = 0.25
 DRIVER_MEMORY_MIN_MB, DRIVER_MEMORY_MAX_MB = 1024, 16384
@@ -76,9 +77,9 @@ def get_spark(app_name: str = "anisotropy", master: str | None = None,
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         master = master or os.environ.get("ANISOTROPY_SPARK_MASTER", "local[*]")
         builder = builder.master(master).config("spark.jars", ",".join(delta_jars()))
-        cores = local_cores(master)
-        if cores:   # Delta's default of 50 snapshot partitions is sized for clusters: 50 tasks per table scan
-            builder = builder.config("spark.databricks.delta.snapshotPartitions", str(cores))
+        partitions = snapshot_partitions(master)
+        if partitions:
+            builder = builder.config("spark.databricks.delta.snapshotPartitions", str(partitions))
         if not _driver_memory_given(extra_conf):
             builder = builder.config("spark.driver.memory", default_driver_memory())
     for key, value in (extra_conf or {}).items():
@@ -97,6 +98,13 @@ def local_cores(master: str) -> int | None:
     if match is None:
         return None
     return (os.cpu_count() or 1) if match.group(1) == "*" else int(match.group(1))
+
+
+def snapshot_partitions(master: str) -> int | None:
+    """Partitions for a Delta table's log state in a session on ``master``: one per local core, at most Delta's
+    default of 50 (sized for clusters: 50 tasks on every query of a table); None (Delta's own) off ``local``."""
+    cores = local_cores(master)
+    return None if cores is None else min(cores, DELTA_SNAPSHOT_PARTITIONS)
 
 
 def default_driver_memory() -> str:

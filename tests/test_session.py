@@ -1,9 +1,9 @@
-"""Session helpers: local core count of a master URL, temporary session confs."""
+"""Session helpers: local core count of a master URL, Delta snapshot partitions, temporary session confs."""
 import os
 
 import pytest
 
-from anisotropy_spark.session import local_cores, session_conf
+from anisotropy_spark.session import local_cores, session_conf, snapshot_partitions
 
 
 @pytest.mark.parametrize("master, cores", [
@@ -12,6 +12,11 @@ from anisotropy_spark.session import local_cores, session_conf
 ])
 def test_local_cores_of_a_master_url(master, cores):
     assert local_cores(master) == cores
+
+
+def test_delta_snapshot_partitions_one_per_local_core_at_most_deltas_50():
+    assert (snapshot_partitions("local[2]"), snapshot_partitions("local[64]")) == (2, 50)
+    assert snapshot_partitions("spark://host:7077") is None
 
 
 def test_session_conf_restores_the_previous_value_or_unsets(spark):
