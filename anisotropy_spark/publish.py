@@ -159,8 +159,8 @@ def publish(spark: SparkSession, target: PublishTarget, candidate: DataFrame, ne
              .save(target.path))
         else:
             with session_conf(spark, {"spark.databricks.delta.commitInfo.userMetadata": text,
-                                     "spark.databricks.delta.write.txnAppId": target.app_id,
-                                     "spark.databricks.delta.write.txnVersion": str(meta["seq"])}):
+                                      "spark.databricks.delta.write.txnAppId": target.app_id,
+                                      "spark.databricks.delta.write.txnVersion": str(meta["seq"])}):
                 (DeltaTable.forPath(spark, target.path).alias("t")
                  .merge(new_rows.alias("s"), f"t.`{target.id_col}` = s.`{target.id_col}`")
                  .whenNotMatchedInsertAll().execute())
