@@ -8,7 +8,6 @@ def spark():
 
     session = get_spark("anisotropy-tests", master="local[2]", extra_conf={
         "spark.sql.shuffle.partitions": "2",
-        "spark.databricks.delta.snapshotPartitions": "2",
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2",
         "spark.default.parallelism": "4",
         "spark.sql.adaptive.enabled": "false",

@@ -31,3 +31,8 @@ def test_session_conf_restores_the_previous_value_or_unsets(spark):
         assert spark.conf.get(fresh, None) is None
     finally:
         spark.conf.unset(kept)
+
+
+def test_the_embedded_local2_session_reads_delta_state_in_two_partitions(spark):
+    # conftest starts local[2] without setting the key: the value is get_spark's own
+    assert spark.conf.get("spark.databricks.delta.snapshotPartitions") == "2"
