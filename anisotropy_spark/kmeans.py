@@ -23,7 +23,10 @@ Design (issue 9: within 2× faiss, never worse than pyspark.ml; issue 12: per-ta
      faiss's time in every run (README).
    * **streaming** (:func:`assignment_pass`, the default): ``DEFAULT_REFINE_PASSES`` passes that each re-read
      the input (Arrow batches → numpy, states merged with ``treeReduce``); a task holds one Arrow batch plus
-     its O(k·d + sample_size·d) state whatever n is.
+     its O(k·d + sample_size·d) state whatever n is. Between two passes the driver runs
+     ``DEFAULT_CORRECTED_ITER`` Lloyd updates on the sample corrected by the sample's bias measured at the
+     pass (:func:`~anisotropy_core.clustering.sample_corrected_step`): the full pass is what costs here, and
+     the corrected updates carry the table's Lloyd path further than its single update would.
 
 ``array<float>`` columns reach numpy as float32 without an ``array<double>`` copy on the JVM side. The driver
 loops are those of :mod:`anisotropy_core.clustering` (:func:`sampled_kmeans`, :func:`lloyd`), so
@@ -47,9 +50,10 @@ from pyspark import RDD, BarrierTaskContext, SparkContext, TaskContext, keyword_
 from pyspark.sql import DataFrame
 from pyspark.sql.types import IntegerType, StructField
 
-from anisotropy_core.clustering import (DEFAULT_INIT_STEPS, DEFAULT_MAX_ITER, DEFAULT_OVERSAMPLING,
-                                        DEFAULT_REFINE_PASSES, DEFAULT_SAMPLE_SIZE, DEFAULT_TOL, SAMPLE_ROUND,
-                                        ClusterRecenter, ClusterState, KMeansResult, Refine, RowSample, assign,
+from anisotropy_core.clustering import (DEFAULT_CORRECTED_ITER, DEFAULT_INIT_STEPS, DEFAULT_MAX_ITER,
+                                        DEFAULT_OVERSAMPLING, DEFAULT_REFINE_PASSES, DEFAULT_SAMPLE_SIZE, DEFAULT_TOL,
+                                        SAMPLE_ROUND, ClusterRecenter, ClusterState, KMeansResult, Refine, RowSample,
+                                        Step, assign,
                                         blocks_state, check_metric, cluster_diagnostics, cluster_moments,
                                         kmeans_info, lloyd, merge_cluster_moments, partition_rng, prepare,
                                         row_norms_squared, sample_threshold, sampled_kmeans)
@@ -137,9 +141,9 @@ def streaming_refine(vectors: DataFrame, vector_col: str, dimension: int, metric
     """:data:`~anisotropy_core.clustering.Refine` whose every Lloyd pass re-reads the table
     (:func:`assignment_pass`)."""
 
-    def refine(start: np.ndarray, passes: int, tol: float) -> KMeansResult:
+    def refine(start: np.ndarray, passes: int, tol: float, step: Step | None) -> KMeansResult:
         result = lloyd(lambda c: assignment_pass(vectors, vector_col, dimension, c, metric), start, metric, passes,
-                       tol)
+                       tol, step)
         result.refinement = "streaming"
         return result
 
@@ -153,9 +157,11 @@ def in_memory_refine(vectors: DataFrame, vector_col: str, dimension: int, metric
     (``allGather``), so every task takes the same steps; task 0 returns the result.
 
     Memory per task: its rows (about n / slots × d × itemsize bytes, see :func:`fits_in_memory`) plus one
-    block's temporaries. If a task fails, Spark reruns the whole barrier stage."""
+    block's temporaries. A ``step`` between passes (:func:`~anisotropy_core.clustering.sample_corrected_step`)
+    travels with the task, sample rows included (PySpark broadcasts a large closure), and every task runs it
+    on the same state. If a task fails, Spark reruns the whole barrier stage."""
 
-    def refine(start: np.ndarray, passes: int, tol: float) -> KMeansResult:
+    def refine(start: np.ndarray, passes: int, tol: float, step: Step | None) -> KMeansResult:
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             context = BarrierTaskContext.get()
             blocks = [prepare(batch_matrix(b, vector_col, dimension, dtype=None), metric) for b in batches
@@ -168,7 +174,7 @@ def in_memory_refine(vectors: DataFrame, vector_col: str, dimension: int, metric
                 return functools.reduce(ClusterState.merge, (ClusterState.from_bytes(base64.b64decode(state))
                                                              for state in gathered))
 
-            result = lloyd(full_pass, start, metric, passes, tol)
+            result = lloyd(full_pass, start, metric, passes, tol, step)
             if context.partitionId() == 0:
                 yield pa.RecordBatch.from_pydict({"state": [pickle.dumps(result)]}, schema=STATE_SCHEMA)
 
@@ -201,7 +207,8 @@ def fit_kmeans(df: DataFrame, vector_col: str, k: int, metric: str = "euclidean"
                max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL, init_steps: int = DEFAULT_INIT_STEPS,
                oversampling: float = DEFAULT_OVERSAMPLING, init: np.ndarray | None = None,
                dimension: int | None = None, sample_size: int = DEFAULT_SAMPLE_SIZE,
-               refine_passes: int | None = None, task_memory: int = 0) -> KMeansResult:
+               refine_passes: int | None = None, task_memory: int = 0,
+               corrected_iter: int | None = None) -> KMeansResult:
     """Distributed k-means (module docstring: sample pass, sample fit, full refinement passes) of the valid
     vector column ``vector_col`` (``array<float>``, ``array<double>`` or VectorUDT).
 
@@ -209,7 +216,9 @@ def fit_kmeans(df: DataFrame, vector_col: str, k: int, metric: str = "euclidean"
     (k, d) starting centroids (skips k-means||). ``max_iter``: Lloyd updates on the sample (the refinement
     passes over the table follow them). ``task_memory``: bytes of rows one task may hold for the in-memory
     refinement (default 0: always stream). ``refine_passes``: full passes (default
-    ``IN_MEMORY_REFINE_PASSES`` in memory, ``DEFAULT_REFINE_PASSES`` streaming). Returns a
+    ``IN_MEMORY_REFINE_PASSES`` in memory, ``DEFAULT_REFINE_PASSES`` streaming). ``corrected_iter``:
+    bias-corrected sample updates between two full passes (default ``DEFAULT_CORRECTED_ITER`` streaming, 0 in
+    memory, where full passes are cheap and every task would repeat them). Returns a
     :class:`KMeansResult` (centroids (k, d), sizes, inertia of the whole table, iterations, convergence flag,
     the full passes' inertia history, ``refinement``).
     """
@@ -220,12 +229,15 @@ def fit_kmeans(df: DataFrame, vector_col: str, k: int, metric: str = "euclidean"
     slots = task_slots(vectors.sparkSession.sparkContext)
     itemsize = 4 if vectors.schema[vector_col].dataType.elementType.simpleString() == "float" else 8
     if fits_in_memory(n, d, itemsize, k, slots, task_memory):
-        refine, passes = in_memory_refine(vectors, vector_col, d, metric, slots), IN_MEMORY_REFINE_PASSES
+        refine = in_memory_refine(vectors, vector_col, d, metric, slots)
+        passes, corrected = IN_MEMORY_REFINE_PASSES, 0
     else:
-        refine, passes = streaming_refine(vectors, vector_col, d, metric), DEFAULT_REFINE_PASSES
+        refine = streaming_refine(vectors, vector_col, d, metric)
+        passes, corrected = DEFAULT_REFINE_PASSES, DEFAULT_CORRECTED_ITER
     sample = sample_pass(vectors, vector_col, d, seed, sample_size, n)
     return sampled_kmeans(sample, vectors.rdd.getNumPartitions(), refine, k, metric, seed, max_iter, tol, init,
-                          init_steps, oversampling, passes if refine_passes is None else refine_passes)
+                          init_steps, oversampling, passes if refine_passes is None else refine_passes,
+                          corrected if corrected_iter is None else corrected_iter)
 
 
 def cluster_moments_pass(vectors: DataFrame, vector_col: str, dimension: int, centroids: np.ndarray,

@@ -5,10 +5,10 @@ import pytest
 from anisotropy_core.artifact import load_artifact, save_artifact
 from anisotropy_core.clustering import (ClusterRecenter, ClusterState, assign, cluster_diagnostics, cluster_moments,
                                         fit_cluster_recenter, induced_anisotropy, kmeans, lloyd, prepare,
-                                        update_centroids)
+                                        sample_corrected_step, update_centroids)
 from anisotropy_core.diagnostics import centred_spectrum, diagnose
 from anisotropy_core.moments import InvalidVectorsError, Moments
-from anisotropy_core.synthetic import mixture, random_rotation
+from anisotropy_core.synthetic import cone, mixture, random_rotation
 from anisotropy_core.transforms import APPLY_BLOCK_ROWS, TransformInputError
 
 
@@ -212,8 +212,54 @@ def test_lloyd_stops_at_max_iter_and_reports_it():
     assert result.n_iter == 2 and not result.converged and len(result.history) == 2
 
 
+def test_shifted_state_moves_each_non_empty_cluster_mean_by_the_shift():
+    rng = np.random.default_rng(3)
+    x, centroids = rng.normal(size=(200, 5)), rng.normal(size=(4, 5))
+    centroids[3] = 100.0                                       # far from every row: an empty cluster
+    state = ClusterState.of_batch(x, centroids, "euclidean")
+    shift = rng.normal(size=(4, 5))
+    moved = state.shifted(shift)
+    live = state.counts > 0
+    assert not live[3] and live[:3].all()
+    np.testing.assert_allclose(moved.sums[live] / moved.counts[live, None],
+                               state.sums[live] / state.counts[live, None] + shift[live], rtol=1e-12)
+    assert np.array_equal(moved.sums[3], np.zeros(5)) and np.array_equal(moved.counts, state.counts)
+    assert moved.inertia == state.inertia and np.array_equal(moved.far_points, state.far_points)
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_corrected_sample_updates_with_the_whole_table_as_sample_are_plain_lloyd(metric):
+    # the sample's bias at the full pass is then 0, so each corrected update is one more Lloyd update
+    X, _ = mixture(600, 6, (0.5, 0.3, 0.2), separation=2.0, seed=4)
+    x = prepare(X, metric)
+    table_pass = lambda c: ClusterState.of_batch(x, c, metric)     # noqa: E731
+    start = x[:3].copy()
+    state = table_pass(start)
+    updated, _ = update_centroids(state, start, metric)
+    stepped = sample_corrected_step(table_pass, metric, 4)(state, start, updated)
+    plain = lloyd(table_pass, start, metric, max_iter=6, tol=0.0)            # centroids after 5 updates
+    np.testing.assert_allclose(stepped, plain.centroids, rtol=0, atol=1e-12)
+    assert np.array_equal(sample_corrected_step(table_pass, metric, 0)(state, start, updated), updated)
+
+
+def test_corrected_sample_updates_lower_the_table_inertia_of_a_sample_fit():
+    # narrow-cone corpora (weak cluster structure, the bench's kind), 20,000 × 32 in 4 partitions, a 2,000-row
+    # sample, 20 sample updates + 2 full passes: 10 bias-corrected sample updates between the passes end
+    # lower over the whole table than the plain Lloyd update, for every seed (measured 2026-12-05: −0.06 % to
+    # −0.17 %)
+    for seed in range(6):
+        parts = np.array_split(cone(20_000, 32, offset=4.0, alpha=1.0, seed=seed).astype(np.float32), 4)
+        fit = lambda corrected: kmeans(parts, 16, seed=seed, max_iter=20, tol=0.0, sample_size=2000,  # noqa: E731
+                                       corrected_iter=corrected)
+        plain, corrected = fit(0), fit(10)
+        assert corrected.inertia < plain.inertia * (1 - 5e-4), seed
+        assert corrected.counts.sum() == plain.counts.sum() == 20_000 and len(corrected.history) == 2
+    with pytest.raises(ValueError, match="corrected_iter must be ≥ 0"):
+        kmeans(parts, 16, sample_size=2000, corrected_iter=-1)
+
+
 def test_cluster_state_matches_direct_formulas():
-    # the pass's fast paths (per-cluster sums by sort + reduceat, precomputed ‖x‖²) against the plain definitions
+    # the pass's fast paths (per-cluster sums by one gather per cluster, precomputed ‖x‖²) against the plain definitions
     rng = np.random.default_rng(7)
     x, centroids, w = rng.normal(size=(300, 5)), rng.normal(size=(8, 5)), rng.uniform(0.5, 2.0, size=300)
     direct = ((x[:, None, :] - centroids[None]) ** 2).sum(axis=2)              # (B, k)

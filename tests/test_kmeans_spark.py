@@ -166,18 +166,21 @@ def float32_frame(spark, X):
                                  "vector array<float>").coalesce(PARTITIONS)
 
 
-@pytest.mark.parametrize("metric, task_memory, refinement", [
-    ("euclidean", TASK_MEMORY, "in_memory"), ("cosine", TASK_MEMORY, "in_memory"),
-    ("euclidean", 0, "streaming"), ("cosine", 0, "streaming")])
-def test_sampled_kmeans_on_float32_equals_numpy_reference(spark, metric, task_memory, refinement):
+@pytest.mark.parametrize("metric, task_memory, refinement, corrected_iter", [
+    ("euclidean", TASK_MEMORY, "in_memory", 0), ("cosine", TASK_MEMORY, "in_memory", 2),
+    ("euclidean", 0, "streaming", None), ("cosine", 0, "streaming", None)])
+def test_sampled_kmeans_on_float32_equals_numpy_reference(spark, metric, task_memory, refinement, corrected_iter):
     # 3000 rows > sample_size 700: sample pass + driver fit (8 Lloyd updates) + 2 full refinement passes, on
     # float32 vectors read without an array<double> copy, the passes either in a barrier stage holding the rows
     # (repartitioned: the same rows merged in another grouping) or re-reading them; the numpy reference gets the
-    # same float32 partitions
+    # same float32 partitions. Between the passes: the defaults' bias-corrected sample updates (streaming: both
+    # sides' default, DEFAULT_CORRECTED_ITER), none, or 2 run inside the barrier tasks
     X, _ = mixture(3000, 8, (0.4, 0.3, 0.2, 0.1), separation=6.0, spread=0.6, seed=7)
     df = float32_frame(spark, X).cache()
     parts = [p.astype(np.float32) for p in partitions(df)]
     options = dict(seed=3, max_iter=8, tol=0.0, sample_size=700, refine_passes=2)
+    if corrected_iter is not None:
+        options["corrected_iter"] = corrected_iter
     ours = fit_kmeans(df, "vector", 4, metric, task_memory=task_memory, **options)
     reference = kmeans(parts, 4, metric, **options)
     assert ours.refinement == refinement and reference.refinement == "local"
