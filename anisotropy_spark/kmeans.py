@@ -19,7 +19,7 @@ Design (issue 9: within 2× faiss, never worse than pyspark.ml; issue 12: per-ta
      why the path runs only when that share fits. It is not the default: measured at 1M × 384 on 2 cores,
      the repartition and the read into the barrier stage take ≈ 13.5 s (a plain read: ≈ 6 s), and each
      ``allGather`` ≈ 0.9 s on top of ≈ 0.8 s of math, because Spark's ``BarrierTaskContext`` polls for the
-     sync's completion with ``Thread.sleep(1000)``. The result beats pyspark.ml's inertia, at 2.5–2.9×
+     sync's completion with ``Thread.sleep(1000)``. The result beats pyspark.ml's inertia, at 2.4–2.9×
      faiss's time in every run (README).
    * **streaming** (:func:`assignment_pass`, the default): ``DEFAULT_REFINE_PASSES`` passes that each re-read
      the input (Arrow batches → numpy, states merged with ``treeReduce``); a task holds one Arrow batch plus
