@@ -6,8 +6,8 @@ All compute the full centred covariance + eigendecomposition of the same float32
   floor   — one process: pyarrow reads each Parquet file's batches as float32 numpy, Moments per batch in
             float64, merged (Chan), then diagnose (the same accumulation as ours, no Spark)
   scan    — the part of ``ours`` that is Spark's, no math: Parquet → Arrow batches (float32) into the Python
-            workers, which only count rows (the JVM decode + JVM→Python transfer that ``ours`` pays on top of
-            the floor's work)
+            workers, which only count rows (the JVM decode + JVM→Python transfer and the tasks' start-up that
+            ``ours`` pays on top of the floor's work)
   ours    — Parquet → Arrow batches (float32) → contract check + numpy Moments per partition → treeReduce → eigh
   job     — the whole ``jobs.diagnose`` run without clusters or metadata (read, moments, sample, report files)
   mllib   — Parquet → VectorUDT → pyspark.ml.feature.PCA(k=10).fit (RowMatrix covariance on the JVM)
@@ -28,6 +28,7 @@ from pyspark.sql import functions as F
 
 from anisotropy_core import diagnose
 from anisotropy_spark.diagnostics import diagnose_dataframe
+from anisotropy_spark.python_worker import install_in_python_worker
 from anisotropy_spark.session import get_spark
 from bench.common import add_corpus_arguments, best_of, corpus, parquet_moments, print_ratios
 from jobs.diagnose import DiagnoseConfig, run_diagnosis, write_outputs
@@ -39,7 +40,11 @@ def parquet_floor(path: pathlib.Path, dim: int) -> dict:
 
 
 def count_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """``mapInArrow`` function of the ``scan`` run: receive every batch, compute nothing, yield the row count."""
+    """``mapInArrow`` function of the ``scan`` run: receive every batch, compute nothing, yield the row count.
+
+    Pickled by value when this module runs as ``__main__``, so it installs :mod:`anisotropy_spark.python_worker`
+    itself: its workers are then in the same state as those of ``ours``, whose functions import the package."""
+    install_in_python_worker()
     yield pa.RecordBatch.from_pydict({"rows": [sum(batch.num_rows for batch in batches)]})
 
 
