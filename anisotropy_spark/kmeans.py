@@ -156,8 +156,8 @@ def in_memory_refine(vectors: DataFrame, vector_col: str, dimension: int, metric
     :func:`~anisotropy_core.clustering.lloyd`, every pass merging all tasks' states in partition order
     (``allGather``), so every task takes the same steps; task 0 returns the result.
 
-    Memory per task: its rows (about n / slots × d × itemsize bytes, see :func:`fits_in_memory`) plus one
-    block's temporaries. A ``step`` between passes (:func:`~anisotropy_core.clustering.sample_corrected_step`)
+    Memory per task: its rows (about n / slots × d × itemsize bytes, see :func:`fits_in_memory`, which also
+    counts the sample rows a step carries) plus one block's temporaries. A ``step`` between passes (:func:`~anisotropy_core.clustering.sample_corrected_step`)
     travels with the task, sample rows included (PySpark broadcasts a large closure), and every task runs it
     on the same state. If a task fails, Spark reruns the whole barrier stage."""
 
@@ -194,11 +194,13 @@ def task_slots(context: SparkContext) -> int:
     return int(jvm_context.maxNumConcurrentTasks(jvm_context.resourceProfileManager().resourceProfileFromId(0)))
 
 
-def fits_in_memory(n: int, dimension: int, itemsize: int, k: int, slots: int, task_memory: int) -> bool:
+def fits_in_memory(n: int, dimension: int, itemsize: int, k: int, slots: int, task_memory: int,
+                   sample_rows: int = 0) -> bool:
     """True when the in-memory refinement may run: each of ``slots`` tasks holds ⌈n / slots⌉ rows of
-    ``dimension`` × ``itemsize`` bytes within ``task_memory``, and one allGather of all tasks' k-cluster states
-    (base64) stays within ``ALL_GATHER_BYTES``."""
-    share = math.ceil(n / slots) * dimension * itemsize
+    ``dimension`` × ``itemsize`` bytes, plus ``sample_rows`` sample rows when a corrected step travels with
+    every task, within ``task_memory``, and one allGather of all tasks' k-cluster states (base64) stays within
+    ``ALL_GATHER_BYTES``."""
+    share = (math.ceil(n / slots) + sample_rows) * dimension * itemsize
     gathered = slots * ClusterState.max_wire_bytes(k, dimension) * 4 / 3
     return 0 < share <= task_memory and gathered <= ALL_GATHER_BYTES
 
@@ -228,7 +230,8 @@ def fit_kmeans(df: DataFrame, vector_col: str, k: int, metric: str = "euclidean"
     n = vectors.count()
     slots = task_slots(vectors.sparkSession.sparkContext)
     itemsize = 4 if vectors.schema[vector_col].dataType.elementType.simpleString() == "float" else 8
-    if fits_in_memory(n, d, itemsize, k, slots, task_memory):
+    held_sample = min(sample_size, n) if corrected_iter else 0     # in memory the default is 0: no sample held
+    if fits_in_memory(n, d, itemsize, k, slots, task_memory, held_sample):
         refine = in_memory_refine(vectors, vector_col, d, metric, slots)
         passes, corrected = IN_MEMORY_REFINE_PASSES, 0
     else:

@@ -20,7 +20,9 @@ import argparse
 import pathlib
 import shutil
 import tempfile
+from typing import Iterator
 
+import pyarrow as pa
 from pyspark.sql import functions as F
 
 from anisotropy_core.artifact import save_artifact
@@ -28,9 +30,18 @@ from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import fit
 from anisotropy_spark.estimators import CorrectionModel
 from anisotropy_spark.io import is_delta_table
+from anisotropy_spark.python_worker import install_in_python_worker
 from anisotropy_spark.session import get_spark
 from bench.common import add_corpus_arguments, best_of, corpus, parquet_moments, print_ratios
 from jobs.apply import ApplyConfig, run_apply
+
+
+def hand_back(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` function of the ``roundtrip`` run: every batch back unchanged. Pickled by value when this
+    module runs as ``__main__``, so it installs :mod:`anisotropy_spark.python_worker` itself: its workers are then
+    in the same state as those of ``transform``, whose functions import the package."""
+    install_in_python_worker()
+    yield from batches
 
 
 def main() -> None:
@@ -63,7 +74,7 @@ def main() -> None:
 
         def roundtrip():
             table = spark.read.format("delta").load(source)
-            (table.mapInArrow(lambda batches: batches, table.schema)
+            (table.mapInArrow(hand_back, table.schema)
              .write.format("delta").mode("overwrite").save(str(root / "roundtrip")))
 
         def transform_only():

@@ -225,6 +225,14 @@ def test_in_memory_refinement_runs_only_when_asked_and_each_task_share_fits(spar
     assert fit_kmeans(df, "vector", 3, max_iter=3, sample_size=500).refinement == "streaming"      # the default
     assert fit_kmeans(df, "vector", 3, max_iter=3, sample_size=500, task_memory=share).refinement == "in_memory"
     assert fit_kmeans(df, "vector", 3, max_iter=3, sample_size=500, task_memory=share - 1).refinement == "streaming"
+    # an explicit corrected step makes every task also hold the sample (500 rows here): counted
+    assert not fits_in_memory(1_300_000, 384, 4, 64, 2, TASK_MEMORY, sample_rows=131_072)
+    assert fits_in_memory(1_300_000, 384, 4, 64, 2, TASK_MEMORY)
+    held = 500 * 6 * 4
+    assert fit_kmeans(df, "vector", 3, max_iter=3, sample_size=500, task_memory=share,
+                      corrected_iter=2).refinement == "streaming"
+    assert fit_kmeans(df, "vector", 3, max_iter=3, sample_size=500, task_memory=share + held,
+                      corrected_iter=2).refinement == "in_memory"
 
 
 def test_sample_pass_is_the_exact_uniform_sample_even_when_the_bound_misses(spark):
