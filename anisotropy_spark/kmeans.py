@@ -159,7 +159,8 @@ def in_memory_refine(vectors: DataFrame, vector_col: str, dimension: int, metric
     Memory per task: its rows (about n / slots × d × itemsize bytes, see :func:`fits_in_memory`, which also
     counts the sample rows a step carries) plus one block's temporaries. A ``step`` between passes
     (:func:`~anisotropy_core.clustering.sample_corrected_step`) travels with the task, sample rows included
-    (PySpark broadcasts a large closure), and every task runs it on the same state. If a task fails, Spark reruns the whole barrier stage."""
+    (PySpark broadcasts a large closure), and every task runs it on the same state. If a task fails, Spark
+    reruns the whole barrier stage."""
 
     def refine(start: np.ndarray, passes: int, tol: float, step: Step | None) -> KMeansResult:
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
