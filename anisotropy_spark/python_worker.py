@@ -19,6 +19,7 @@ task installs it, once per worker process (:func:`install_in_python_worker`). Th
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import zipimport
@@ -44,6 +45,7 @@ def reread_zip_archives_only_when_changed() -> None:
     if getattr(reread, "only_when_changed", False):
         return
 
+    @functools.wraps(reread)
     def invalidate_caches(importer: zipimport.zipimporter) -> None:
         stamp = _archive_stamp(importer.archive)
         if stamp is None or getattr(importer, _STAMP, None) != stamp:
@@ -51,7 +53,6 @@ def reread_zip_archives_only_when_changed() -> None:
             setattr(importer, _STAMP, stamp)
 
     invalidate_caches.only_when_changed = True
-    invalidate_caches.__doc__ = reread.__doc__
     zipimport.zipimporter.invalidate_caches = invalidate_caches
 
 
