@@ -18,8 +18,7 @@ import dataclasses
 import sys
 from typing import Literal
 
-from pyspark.sql import SparkSession
-from pyspark.sql import Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from anisotropy_core import storage
@@ -70,18 +69,26 @@ def load_corpus(spark: SparkSession, config: DemoConfig) -> None:
 CHAPTER_HEADING = r"^Chapter [0-9]+:"
 
 
+def with_chapters(corpus: DataFrame) -> DataFrame:
+    """``corpus`` (one row per ``sentence_id``, with its ``sentence`` text) plus ``chapter``: the number of
+    ``Chapter N:`` headings at or before the row in reading order (``sentence_id``); 0 before the first.
+
+    The few heading ids are broadcast and counted per sentence (a range join), so no step needs the whole
+    corpus in one partition, as a running count over a global window would."""
+    headings = corpus.where(F.col("sentence").rlike(CHAPTER_HEADING)).select(F.col("sentence_id").alias("heading"))
+    chapters = (corpus.select("sentence_id")
+                .join(F.broadcast(headings), F.col("heading") <= F.col("sentence_id"), "left")
+                .groupBy("sentence_id").agg(F.count("heading").alias("chapter")))
+    return corpus.join(chapters, "sentence_id")
+
+
 def chapter_queries(spark: SparkSession, config: DemoConfig) -> None:
     """Write the labelled query set of the demo: one query per corpus sentence (query_id = its row id, its
     own vector), relevant = the ids of every OTHER sentence of the same textbook chapter. The book's title
-    line, alone before chapter 1, has no other sentence of its chapter and is not a query.
-
-    The chapter of a sentence is the number of ``Chapter N:`` headings at or before it in reading order
-    (``sentence_id``); the title before chapter 1 is chapter 0. The label says which chapter a sentence was
-    printed in — a topical grouping by the author, not a judgement that two sentences answer each other.
+    line, alone before chapter 1 (chapter 0, :func:`with_chapters`), has no other sentence of its chapter and is
+    not a query. The label says which chapter a sentence was printed in — a topical grouping by the author, not a judgement that two sentences answer each other.
     """
-    corpus = spark.read.format("delta").load(config.corpus_table)
-    order = Window.orderBy("sentence_id").rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    labelled = corpus.withColumn("chapter", F.sum(F.col("sentence").rlike(CHAPTER_HEADING).cast("int")).over(order))
+    labelled = with_chapters(spark.read.format("delta").load(config.corpus_table))
     members = labelled.groupBy("chapter").agg(F.collect_list("id").alias("members"))
     queries = (labelled.join(members, "chapter")
                .select(F.col("id").alias("query_id"), "vector", "chapter",
