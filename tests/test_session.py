@@ -3,7 +3,8 @@ import os
 
 import pytest
 
-from anisotropy_spark.session import local_cores, session_conf, snapshot_partitions
+from anisotropy_spark.session import (ARROW_JAVA_OPTIONS, embedded_java_options, local_cores, session_conf,
+                                      snapshot_partitions)
 
 
 @pytest.mark.parametrize("master, cores", [
@@ -36,3 +37,19 @@ def test_session_conf_restores_the_previous_value_or_unsets(spark):
 def test_the_embedded_local2_session_reads_delta_state_in_two_partitions(spark):
     # conftest starts local[2] without setting the key: the value is get_spark's own
     assert spark.conf.get("spark.databricks.delta.snapshotPartitions") == "2"
+
+
+def test_embedded_java_options_put_the_callers_own_after_arrows():
+    options = embedded_java_options({"spark.driver.extraJavaOptions": "-Darrow.enable_unsafe_memory_access=false"})
+    assert options == {
+        "spark.driver.extraJavaOptions": ARROW_JAVA_OPTIONS + " -Darrow.enable_unsafe_memory_access=false",
+        "spark.executor.extraJavaOptions": ARROW_JAVA_OPTIONS}
+    assert embedded_java_options(None) == {"spark.driver.extraJavaOptions": ARROW_JAVA_OPTIONS,
+                                           "spark.executor.extraJavaOptions": ARROW_JAVA_OPTIONS}
+
+
+def test_the_embedded_session_jvm_runs_arrow_without_bounds_and_get_null_checks(spark):
+    jvm = spark.sparkContext._jvm
+    assert jvm.java.lang.System.getProperty("arrow.enable_unsafe_memory_access") == "true"
+    assert jvm.java.lang.System.getProperty("arrow.enable_null_check_for_get") == "false"
+    assert not jvm.org.apache.arrow.memory.BoundsChecking.BOUNDS_CHECKING_ENABLED
