@@ -86,7 +86,8 @@ def chapter_queries(spark: SparkSession, config: DemoConfig) -> None:
     """Write the labelled query set of the demo: one query per corpus sentence (query_id = its row id, its
     own vector), relevant = the ids of every OTHER sentence of the same textbook chapter. The book's title
     line, alone before chapter 1 (chapter 0, :func:`with_chapters`), has no other sentence of its chapter and is
-    not a query. The label says which chapter a sentence was printed in — a topical grouping by the author, not a judgement that two sentences answer each other.
+    not a query. The label says which chapter a sentence was printed in — a topical grouping by the author, not
+    a judgement that two sentences answer each other.
     """
     labelled = with_chapters(spark.read.format("delta").load(config.corpus_table))
     members = labelled.groupBy("chapter").agg(F.collect_list("id").alias("members"))
