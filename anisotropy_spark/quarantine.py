@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from .contract import REASON_COLUMN, SAMPLE_IDS, InvalidRowsError, Tally
-from .session import session_conf
+from .session import local_cores, session_conf
 
 DUPLICATE_ID = "duplicate_id"
 MAX_DUPLICATE_IDS = 1_000_000       # duplicated ids kept on the driver (8 bytes each for long ids) and broadcast
@@ -49,16 +49,25 @@ class Duplicates:
         return df.join(F.broadcast(self.ids), self.id_col, "left_anti").select(*df.columns)
 
 
+def id_scan_conf(master: str) -> dict[str, str]:
+    """Session confs of the duplicate-id aggregate in a session on ``master``: :data:`ID_SCAN_CONF`, and in a
+    ``local`` session one shuffle partition per local core. Only the ids are shuffled (8 MB for 1,000,000 long
+    ids), and on one machine Spark's default 200 shuffle partitions only add tiny tasks and blocks: 0.2–0.3 s
+    of the aggregate's 0.7–1.0 s at 1,000,000 rows on 2 cores. Off ``local`` the session's own setting stays."""
+    cores = local_cores(master)
+    return {**ID_SCAN_CONF, **({"spark.sql.shuffle.partitions": str(cores)} if cores else {})}
+
+
 def find_duplicates(df: DataFrame, id_col: str) -> Duplicates:
     """One aggregate over ``id_col`` only (a shuffle of the ids, not the vectors): the non-null ids of ``df``
     that occur more than once. More than :data:`MAX_DUPLICATE_IDS` of them means the table is not keyed by
     ``id_col`` at all: :class:`InvalidRowsError`.
 
-    The scan uses splits of up to 2 GiB of files (:data:`ID_SCAN_CONF`): Spark sizes splits by whole-file bytes,
+    The scan uses splits of up to 2 GiB of files (:func:`id_scan_conf`): Spark sizes splits by whole-file bytes,
     so reading only the ids of a vector table would otherwise run one tiny task per 128 MiB of vectors."""
     repeated = df.where(F.col(id_col).isNotNull()).groupBy(id_col).count().where(F.col("count") > 1)
     spark, field = df.sparkSession, df.select(id_col).schema
-    with session_conf(spark, ID_SCAN_CONF):
+    with session_conf(spark, id_scan_conf(spark.sparkContext.master)):
         summary = repeated.agg(F.count("*").alias("ids"), F.sum("count").alias("rows")).first()
         if not summary["ids"]:
             return Duplicates(id_col, spark.createDataFrame([], field), Tally())

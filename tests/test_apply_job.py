@@ -12,6 +12,7 @@ from anisotropy_core.artifact import Artifact, ArtifactError, load_artifact
 from anisotropy_core.transforms import Center
 from anisotropy_spark.diagnostics import diagnose_dataframe
 from anisotropy_spark.io import InvalidRowsError
+from anisotropy_spark.quarantine import find_duplicates, id_scan_conf
 from jobs.apply import ApplyConfig, latest_commit, run_apply
 from jobs.apply import main as apply_main
 from jobs.fit import FitConfig, run_fit
@@ -215,6 +216,18 @@ def test_duplicate_ids_quarantined_or_refused_before_writing(spark, corpus, tmp_
     quarantined = sorted((r["id"], r["invalid_reason"]) for r in spark.read.format("delta").load(lenient.quarantine_path)
                          .collect())
     assert quarantined == [(7, "duplicate_id")] * 2 + [(11, "duplicate_id")] * 2 + [(11, "non_finite")]
+
+
+def test_id_aggregate_shuffles_one_partition_per_local_core(spark):
+    """The duplicate-id aggregate reads 2 GiB splits; in a local session it shuffles the ids into one partition per
+    core, elsewhere into the session's own number; afterwards the session's setting is back."""
+    splits = {"spark.sql.files.maxPartitionBytes": str(2 << 30)}
+    assert id_scan_conf("local[2]") == {**splits, "spark.sql.shuffle.partitions": "2"}
+    assert id_scan_conf("spark://host:7077") == splits
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    ids = spark.createDataFrame([(i % 5,) for i in range(12)], "id long")
+    assert find_duplicates(ids, "id").tally.counts == {"duplicate_id": 12}
+    assert spark.conf.get("spark.sql.shuffle.partitions") == before
 
 
 def test_quarantine_is_idempotent_and_stamped(spark, tmp_path):
