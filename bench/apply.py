@@ -10,7 +10,8 @@ Same Delta input, same Spark session, run side by side:
   transform  — read, CorrectionModel.transform (mapInArrow + numpy), add transform_version, write Delta
   job        — the whole apply job (jobs.apply.run_apply: pin version, validate + quarantine count in the
                transform pass, dimension check, one commit)
-Each runs once as a warm-up, then ``repeats`` times; the best time is reported with its ratio to the floor.
+Each runs once as a warm-up, then ``repeats`` rounds run each once (:func:`bench.common.best_of`); the best time
+is reported with its ratio to the floor, and every round's time after it.
 Every output is deleted (untimed) before each call, so each one writes a fresh table and the disk holds one
 output at a time. ``--corpus``: a Delta table is read as it is, Parquet files are first copied into Delta.
 """
@@ -87,10 +88,10 @@ def main() -> None:
                                          on_invalid="quarantine", quarantine_path=str(root / "quarantine"),
                                          force=True))
 
-        best, _ = best_of({"floor": floor, "roundtrip": roundtrip, "transform": transform_only, "job": job}, args.repeats,
-                          reset=delete_outputs)
+        runs = {"floor": floor, "roundtrip": roundtrip, "transform": transform_only, "job": job}
+        seconds, _ = best_of(runs, args.repeats, reset=delete_outputs)
     print(f"table: {args.rows} x {args.dim} float32, method {args.method}, Spark local[2]; best of {args.repeats}")
-    print_ratios(best, args.rows, baseline="floor")
+    print_ratios(seconds, args.rows, baseline="floor")
     spark.stop()
 
 

@@ -64,32 +64,38 @@ def parquet_moments(path: pathlib.Path, dim: int) -> Moments:
 
 
 def best_of(runs: dict, repeats: int, reset: Callable[[], None] | None = None) -> tuple[dict, dict]:
-    """Time each ``name → callable`` of ``runs`` after one warm-up call (JIT, Python workers, file cache);
-    ``reset`` (untimed) runs before every call, e.g. to delete the outputs the last one wrote.
+    """Time each ``name → callable`` of ``runs`` after one warm-up call of each (JIT, Python workers, file
+    cache); ``reset`` (untimed) runs before every call, e.g. to delete the outputs the last one wrote.
 
-    Returns ``({name: best wall-clock seconds over repeats}, {name: the warm-up call's return value})``.
-    The runs are interleaved by name, in one process, so their ratios share the machine's state.
+    The timed calls go round by round, every name once per round in the order given, so a drift of the
+    machine's speed during the run reaches every name alike instead of whichever ran last.
+
+    Returns ``({name: wall-clock seconds of each of the ``repeats`` rounds}, {name: the warm-up call's return
+    value})``.
     """
     reset = reset or (lambda: None)
-    best, answers = {}, {}
+    answers = {}
     for name, run in runs.items():
         reset()
         answers[name] = run()
-        seconds = []
-        for _ in range(repeats):
+    seconds = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
             reset()
             start = time.perf_counter()
             run()
-            seconds.append(time.perf_counter() - start)
-        best[name] = min(seconds)
-    return best, answers
+            seconds[name].append(time.perf_counter() - start)
+    return seconds, answers
 
 
-def print_ratios(best: dict, rows: int, baseline: str) -> None:
-    """One line per timed run: seconds, rows/s and the time ratio to the ``baseline`` run."""
-    for name, seconds in best.items():
-        print(f"{name:9s} {seconds:8.2f} s  {rows / seconds:12,.0f} rows/s  "
-              f"time ratio to {baseline} {seconds / best[baseline]:.2f}")
+def print_ratios(seconds: dict, rows: int, baseline: str) -> None:
+    """One line per timed run: its best seconds, rows/s and time ratio to the ``baseline``'s best, then every
+    round's seconds."""
+    best = {name: min(times) for name, times in seconds.items()}
+    for name, times in seconds.items():
+        print(f"{name:9s} {best[name]:8.2f} s  {rows / best[name]:12,.0f} rows/s  "
+              f"time ratio to {baseline} {best[name] / best[baseline]:.2f}  (rounds: "
+              + " ".join(f"{t:.2f}" for t in times) + " s)")
 
 
 @contextmanager

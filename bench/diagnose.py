@@ -12,7 +12,8 @@ All compute the full centred covariance + eigendecomposition of the same float32
   job     — the whole ``jobs.diagnose`` run without clusters or metadata (read, moments, sample, report files)
   mllib   — Parquet → VectorUDT → pyspark.ml.feature.PCA(k=10).fit (RowMatrix covariance on the JVM)
   numpy   — the corpus already in this process's memory → Moments.of_batch → diagnose (not with --corpus)
-Each is run ``repeats`` times after one warm-up; the best time is reported, with ratios to the floor.
+Each runs once as a warm-up, then ``repeats`` rounds run each once (:func:`bench.common.best_of`); the best time is
+reported with its ratio to the floor, and every round's time after it.
 """
 from __future__ import annotations
 
@@ -86,10 +87,10 @@ def main() -> None:
 
         runs = {"floor": floor, "scan": scan, "ours": ours, "job": job, "mllib": mllib, "numpy": numpy_in_memory}
         skip = set(args.skip) | ({"numpy"} if X is None else set())
-        best, answers = best_of({k: v for k, v in runs.items() if k not in skip}, args.repeats)
+        seconds, answers = best_of({k: v for k, v in runs.items() if k not in skip}, args.repeats)
     print(f"corpus: {args.rows} x {args.dim} float32, Spark local[2]; best of {args.repeats}")
     print("top-1 variance share  " + "  ".join(f"{k} {v:.6f}" for k, v in answers.items() if k != "scan"))
-    print_ratios(best, args.rows, baseline="floor")
+    print_ratios(seconds, args.rows, baseline="floor")
     spark.stop()
 
 
