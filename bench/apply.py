@@ -10,8 +10,8 @@ Same Delta input, same Spark session, run side by side:
   transform  — read, CorrectionModel.transform (mapInArrow + numpy), add transform_version, write Delta
   job        — the whole apply job (jobs.apply.run_apply: pin version, validate + quarantine count in the
                transform pass, dimension check, one commit)
-Each runs once as a warm-up, then ``repeats`` rounds run each once (:func:`bench.common.best_of`); the best time
-is reported with its ratio to the floor, and every round's time after it.
+Each runs once as a warm-up, then ``repeats`` rounds run each once (:func:`bench.common.time_in_rounds`); the best
+time is reported with its ratio to the floor, and every round's time after it.
 Every output is deleted (untimed) before each call, so each one writes a fresh table and the disk holds one
 output at a time. ``--corpus``: a Delta table is read as it is, Parquet files are first copied into Delta.
 """
@@ -33,7 +33,7 @@ from anisotropy_spark.estimators import CorrectionModel
 from anisotropy_spark.io import is_delta_table
 from anisotropy_spark.python_worker import install_in_python_worker
 from anisotropy_spark.session import get_spark
-from bench.common import add_corpus_arguments, best_of, corpus, parquet_moments, print_ratios
+from bench.common import add_corpus_arguments, corpus, parquet_moments, print_ratios, time_in_rounds
 from jobs.apply import ApplyConfig, run_apply
 
 
@@ -89,7 +89,7 @@ def main() -> None:
                                          force=True))
 
         runs = {"floor": floor, "roundtrip": roundtrip, "transform": transform_only, "job": job}
-        seconds, _ = best_of(runs, args.repeats, reset=delete_outputs)
+        seconds, _ = time_in_rounds(runs, args.repeats, reset=delete_outputs)
     print(f"table: {args.rows} x {args.dim} float32, method {args.method}, Spark local[2]; best of {args.repeats}")
     print_ratios(seconds, args.rows, baseline="floor")
     spark.stop()

@@ -63,7 +63,7 @@ def parquet_moments(path: pathlib.Path, dim: int) -> Moments:
     return state
 
 
-def best_of(runs: dict, repeats: int, reset: Callable[[], None] | None = None) -> tuple[dict, dict]:
+def time_in_rounds(runs: dict, repeats: int, reset: Callable[[], None] | None = None) -> tuple[dict, dict]:
     """Time each ``name → callable`` of ``runs`` after one warm-up call of each (JIT, Python workers, file
     cache); ``reset`` (untimed) runs before every call, e.g. to delete the outputs the last one wrote.
 

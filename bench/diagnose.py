@@ -12,8 +12,8 @@ All compute the full centred covariance + eigendecomposition of the same float32
   job     — the whole ``jobs.diagnose`` run without clusters or metadata (read, moments, sample, report files)
   mllib   — Parquet → VectorUDT → pyspark.ml.feature.PCA(k=10).fit (RowMatrix covariance on the JVM)
   numpy   — the corpus already in this process's memory → Moments.of_batch → diagnose (not with --corpus)
-Each runs once as a warm-up, then ``repeats`` rounds run each once (:func:`bench.common.best_of`); the best time is
-reported with its ratio to the floor, and every round's time after it.
+Each runs once as a warm-up, then ``repeats`` rounds run each once (:func:`bench.common.time_in_rounds`); the best
+time is reported with its ratio to the floor, and every round's time after it.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from anisotropy_core import diagnose
 from anisotropy_spark.diagnostics import diagnose_dataframe
 from anisotropy_spark.python_worker import install_in_python_worker
 from anisotropy_spark.session import get_spark
-from bench.common import add_corpus_arguments, best_of, corpus, parquet_moments, print_ratios
+from bench.common import add_corpus_arguments, corpus, parquet_moments, print_ratios, time_in_rounds
 from jobs.diagnose import DiagnoseConfig, run_diagnosis, write_outputs
 
 
@@ -87,7 +87,7 @@ def main() -> None:
 
         runs = {"floor": floor, "scan": scan, "ours": ours, "job": job, "mllib": mllib, "numpy": numpy_in_memory}
         skip = set(args.skip) | ({"numpy"} if X is None else set())
-        seconds, answers = best_of({k: v for k, v in runs.items() if k not in skip}, args.repeats)
+        seconds, answers = time_in_rounds({k: v for k, v in runs.items() if k not in skip}, args.repeats)
     print(f"corpus: {args.rows} x {args.dim} float32, Spark local[2]; best of {args.repeats}")
     print("top-1 variance share  " + "  ".join(f"{k} {v:.6f}" for k, v in answers.items() if k != "scan"))
     print_ratios(seconds, args.rows, baseline="floor")

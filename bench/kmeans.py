@@ -4,7 +4,7 @@ All runs read the same float32 Parquet files (the narrow-cone corpus of :mod:`be
 under ``--data`` as 8 files and kept for later runs), get the same k and the same ``--iters`` (tol = 0, so none
 stops early), and are timed end to end, load included. faiss and both of ours are each called twice: the first
 (cold) call also warms the JVM's JIT on the Parquet → Arrow path (and faiss's file cache); the second (warm)
-call is the timed one, as in the other benches (:func:`bench.common.best_of`), and the cold time is printed
+call is the timed one, as in the other benches (:func:`bench.common.time_in_rounds`), and the cold time is printed
 beside it. pyspark.ml runs once (its first call is
 its only one: a 10-minute warm-up is not affordable here, and its JIT warms within its first of 20 passes):
 
