@@ -3,16 +3,18 @@ import numpy as np
 import pytest
 from pyspark.ml.clustering import KMeans
 from pyspark.ml.functions import array_to_vector
+from pyspark.sql import functions as F
 
 from anisotropy_core.artifact import Artifact, ArtifactError, build_manifest, load_artifact
 from anisotropy_core.clustering import cluster_diagnostics, cluster_moments, kmeans, sample_partitions
 from anisotropy_core.moments import Moments
+from anisotropy_core.row_keys import row_keys, split_row_ids
 from anisotropy_core.synthetic import mixture
 from anisotropy_core.transforms import fit_center
 from anisotropy_spark.estimators import CorrectionModel, model_class_for
 from anisotropy_spark.kmeans import (ClusterRecenterEstimator, ClusterRecenterModel,
-                                     cluster_moments_pass, fit_kmeans, fits_in_memory, sample_pass,
-                                     spark_cluster_diagnostics, task_slots)
+                                     cluster_moments_pass, fit_kmeans, fits_in_memory, partition_states,
+                                     sample_key, sample_pass, spark_cluster_diagnostics, task_slots)
 
 PARTITIONS = 2
 TASK_MEMORY = 1 << 30       # fit_kmeans(task_memory=…): refine in a barrier stage holding the rows
@@ -245,4 +247,32 @@ def test_sample_pass_is_the_exact_uniform_sample_even_when_the_bound_misses(spar
         assert sample.complete and sample.rows.dtype == np.float32
         assert np.array_equal(sample.keys, reference.keys) and np.array_equal(sample.rows, reference.rows)
         assert np.array_equal(sample.origin, reference.origin)
+    df.unpersist()
+
+
+@pytest.mark.parametrize("seed", [0, 2, -7, 2 ** 40])
+def test_sample_keys_drawn_on_the_jvm_equal_the_numpy_keys(spark, seed):
+    # rows in 3 partitions: the keys hash the partition index (upper bits of the id) and the row index alike
+    ids = spark.range(0, 3000, numPartitions=3).select(F.monotonically_increasing_id().alias("id"))
+    table = ids.select("id", sample_key(seed, F.col("id")).alias("key")).toArrow()
+    row_id = table.column("id").to_numpy()
+    assert set(split_row_ids(row_id)[:, 0]) == {0, 1, 2}
+    assert np.array_equal(table.column("key").to_numpy(), row_keys(seed, row_id))
+
+
+def test_streaming_passes_over_more_partitions_than_slots_equal_the_numpy_reference(spark):
+    # 6 input partitions: the sample keys come from 6 partitions' row ids, and each full pass folds them in
+    # the 4 coalesced tasks of the test session (spark.default.parallelism 4); the reference merges the 6
+    # partitions one by one, so the two agree up to rounding
+    X, _ = mixture(3000, 8, (0.4, 0.3, 0.2, 0.1), separation=6.0, spread=0.6, seed=11)
+    df = spark.createDataFrame([(v.tolist(),) for v in X.astype(np.float32)], "vector array<float>").repartition(6)
+    df = df.cache()
+    parts = [p.astype(np.float32) for p in partitions(df)]
+    assert len(parts) == 6 and partition_states(df, "vector", 8, lambda batches: 0).getNumPartitions() == 4
+    options = dict(seed=2, max_iter=6, tol=0.0, sample_size=900, refine_passes=2)
+    ours, reference = fit_kmeans(df, "vector", 4, **options), kmeans(parts, 4, **options)
+    assert ours.refinement == "streaming" and len(ours.history) == 2
+    assert np.array_equal(ours.counts, reference.counts) and ours.counts.sum() == len(X)
+    assert np.allclose(ours.centroids, reference.centroids, rtol=0, atol=1e-12)
+    assert ours.inertia == pytest.approx(reference.inertia, rel=1e-12)
     df.unpersist()
