@@ -20,8 +20,9 @@ Design (issue 9: within 2× faiss, never worse than pyspark.ml; issue 12: per-ta
      why the path runs only when that share fits. It is not the default: measured at 1M × 384 on 2 cores,
      the repartition and the read into the barrier stage take ≈ 13.5 s (a plain read: ≈ 6 s), and each
      ``allGather`` ≈ 0.9 s on top of ≈ 0.8 s of math, because Spark's ``BarrierTaskContext`` polls for the
-     sync's completion with ``Thread.sleep(1000)``. The result beats pyspark.ml's inertia, at 2.4–2.9×
-     faiss's time in every run (README).
+     sync's completion with ``Thread.sleep(1000)``. The result beats pyspark.ml's inertia, at 1.73–1.81×
+     faiss's time since the sample pass runs on the JVM (2.4–2.9× before), against 1.15–1.24× streaming
+     (README).
    * **streaming** (:func:`assignment_pass`, the default): ``DEFAULT_REFINE_PASSES`` passes that each re-read
      the input (Arrow batches → numpy, one state per task slot, states merged with ``treeReduce``); a task
      holds one Arrow batch plus its O(k·d) state whatever n is. Between two passes the driver runs
@@ -110,7 +111,9 @@ def sample_pass(vectors: DataFrame, vector_col: str, dimension: int, seed: int, 
     :func:`sample_threshold` (about ``size`` + 8·√``size`` of them) leave it, collected with ``toArrow``: no
     vector is shipped into Python just to be dropped (measured at 1M × 384 float32 on 2 cores: ≈ 3 s, against
     ≈ 9 s for the same pass keying every row in the Python workers). Should the bound miss (probability
-    < 1e-15, or a wrong ``n``), it is raised and the pass repeated, so the result is always the exact sample."""
+    < 1e-15, or a wrong ``n``), the rows are counted, the bound raised (to that count's, or twice the last) and
+    the pass repeated, so the result is always the exact sample, and the driver gets about 2 · ``size`` rows at
+    most."""
     n = vectors.count() if n is None else n
     with_ids = vectors.select(F.monotonically_increasing_id().alias(ROW_ID_COL), vector_col)
     keyed = with_ids.select(sample_key(seed, F.col(ROW_ID_COL)).alias(KEY_COL), ROW_ID_COL, vector_col)
@@ -122,7 +125,8 @@ def sample_pass(vectors: DataFrame, vector_col: str, dimension: int, seed: int, 
                                          split_row_ids(table.column(ROW_ID_COL).to_numpy()), n, size)
         if sample.complete or below >= 1.0:
             return sample
-        below = min(1.0, 2.0 * below * size / max(table.num_rows, 1))
+        n = vectors.count()          # a wrong n, or the < 1e-15 miss: then twice the bound (≈ 2 · size rows)
+        below = min(1.0, max(2.0 * below, sample_threshold(n, size)))
 
 
 def assignment_pass(vectors: DataFrame, vector_col: str, dimension: int, centroids: np.ndarray,

@@ -244,7 +244,7 @@ def test_sample_pass_is_the_exact_uniform_sample_even_when_the_bound_misses(spar
     reference = sample_partitions(parts, seed=2, size=300)
     for n in (len(X), 10 ** 9):          # the true count, and a wrong one whose key bound keeps too few rows
         sample = sample_pass(df, "vector", 4, seed=2, size=300, n=n)
-        assert sample.complete and sample.rows.dtype == np.float32
+        assert sample.complete and sample.rows.dtype == np.float32 and sample.n == len(X)   # a miss recounts
         assert np.array_equal(sample.keys, reference.keys) and np.array_equal(sample.rows, reference.rows)
         assert np.array_equal(sample.origin, reference.origin)
     df.unpersist()
