@@ -71,7 +71,7 @@ from .params import _ClusterRecenterParams
 from .tree_reduce import tree_reduce
 
 STATE_SCHEMA = pa.schema([("state", pa.binary())])
-ROW_ID_COL, KEY_COL = "_row_id", "_sample_key"   # the sample pass's columns beside the vectors
+ROW_ID_COL, KEY_COL, VECTOR_COL = "row_id", "key", "vector"   # the sample pass's columns (vectors renamed)
 IN_MEMORY_REFINE_PASSES = 10      # full Lloyd passes when the table is refined in memory
 ALL_GATHER_BYTES = 64 << 20       # largest allGather answer (all tasks' states; Spark's RPC limit is 128 MiB)
 
@@ -115,13 +115,14 @@ def sample_pass(vectors: DataFrame, vector_col: str, dimension: int, seed: int, 
     the pass repeated, so the result is always the exact sample, and the driver gets about 2 · ``size`` rows at
     most."""
     n = vectors.count() if n is None else n
-    with_ids = vectors.select(F.monotonically_increasing_id().alias(ROW_ID_COL), vector_col)
-    keyed = with_ids.select(sample_key(seed, F.col(ROW_ID_COL)).alias(KEY_COL), ROW_ID_COL, vector_col)
+    with_ids = vectors.select(F.monotonically_increasing_id().alias(ROW_ID_COL),
+                              F.col(vector_col).alias(VECTOR_COL))
+    keyed = with_ids.select(sample_key(seed, F.col(ROW_ID_COL)).alias(KEY_COL), ROW_ID_COL, VECTOR_COL)
     below = sample_threshold(n, size)
     while True:
         table = keyed.where(F.col(KEY_COL) < below).toArrow()
         sample = RowSample.of_candidates(table.column(KEY_COL).to_numpy(),
-                                         batch_matrix(table, vector_col, dimension, dtype=None),
+                                         batch_matrix(table, VECTOR_COL, dimension, dtype=None),
                                          split_row_ids(table.column(ROW_ID_COL).to_numpy()), n, size)
         if sample.complete or below >= 1.0:
             return sample

@@ -247,6 +247,9 @@ def test_sample_pass_is_the_exact_uniform_sample_even_when_the_bound_misses(spar
         assert sample.complete and sample.rows.dtype == np.float32 and sample.n == len(X)   # a miss recounts
         assert np.array_equal(sample.keys, reference.keys) and np.array_equal(sample.rows, reference.rows)
         assert np.array_equal(sample.origin, reference.origin)
+    # a vector column named like one of the pass's own columns draws the same sample
+    renamed = sample_pass(df.withColumnRenamed("vector", "key"), "key", 4, seed=2, size=300)
+    assert np.array_equal(renamed.keys, reference.keys) and np.array_equal(renamed.rows, reference.rows)
     df.unpersist()
 
 
