@@ -26,7 +26,7 @@ import numpy as np
 
 from .diagnostics import centred_spectrum, diagnose
 from .moments import InvalidVectorsError, Moments
-from .row_keys import row_ids, row_keys
+from .row_keys import row_ids, row_keys, split_row_ids
 from .transforms import FittedTransform, check_shape, map_blocks, register
 
 METRICS = ("euclidean", "cosine")
@@ -402,10 +402,10 @@ class RowSample:
                 below: float = 1.0) -> "RowSample":
         """Sample of rows ``x`` (B, d) of ``partition`` starting at row ``first_row``, keyed for ``seed``; only rows
         with key < ``below`` kept (see :func:`sample_threshold`)."""
-        keys = row_keys(seed, row_ids(partition, first_row + np.arange(x.shape[0])))
+        ids = row_ids(partition, first_row + np.arange(x.shape[0]))
+        keys = row_keys(seed, ids)
         kept = np.flatnonzero(keys < below)
-        origin = np.stack([np.full(kept.size, partition), first_row + kept], axis=1)
-        return cls.of_candidates(keys[kept], x[kept], origin, x.shape[0], size)
+        return cls.of_candidates(keys[kept], x[kept], split_row_ids(ids[kept]), x.shape[0], size)
 
     @classmethod
     def of_candidates(cls, keys: np.ndarray, rows: np.ndarray, origin: np.ndarray, n: int, size: int) -> "RowSample":
