@@ -61,24 +61,26 @@ def id_scan_conf(master: str) -> dict[str, str]:
 
 def find_duplicates(df: DataFrame, id_col: str) -> Duplicates:
     """One aggregate over ``id_col`` only (a shuffle of the ids, not the vectors): the non-null ids of ``df``
-    that occur more than once. More than :data:`MAX_DUPLICATE_IDS` of them means the table is not keyed by
-    ``id_col`` at all: :class:`InvalidRowsError`.
+    that occur more than once, collected with their counts in the same action. More than
+    :data:`MAX_DUPLICATE_IDS` of them means the table is not keyed by ``id_col`` at all: :class:`InvalidRowsError`
+    (with their exact number, counted by a second aggregate on that error path only).
 
     The scan uses splits of up to 2 GiB of files (:func:`id_scan_conf`): Spark sizes splits by whole-file bytes,
     so reading only the ids of a vector table would otherwise run one tiny task per 128 MiB of vectors."""
     repeated = df.where(F.col(id_col).isNotNull()).groupBy(id_col).count().where(F.col("count") > 1)
     spark, field = df.sparkSession, df.select(id_col).schema
     with session_conf(spark, id_scan_conf(spark.sparkContext.master)):
-        summary = repeated.agg(F.count("*").alias("ids"), F.sum("count").alias("rows")).first()
-        if not summary["ids"]:
-            return Duplicates(id_col, spark.createDataFrame([], field), Tally())
-        if summary["ids"] > MAX_DUPLICATE_IDS:
+        found = repeated.limit(MAX_DUPLICATE_IDS + 1).collect()
+        if len(found) > MAX_DUPLICATE_IDS:
+            summary = repeated.agg(F.count("*").alias("ids"), F.sum("count").alias("rows")).first()
             raise InvalidRowsError(f"{summary['ids']} ids of column {id_col!r} occur more than once "
                                    f"({summary['rows']} rows): the table is not keyed by {id_col!r}")
-        ids = [row[id_col] for row in repeated.select(id_col).collect()]
+    if not found:
+        return Duplicates(id_col, spark.createDataFrame([], field), Tally())
+    ids = [row[id_col] for row in found]
     sample = sorted(ids, key=lambda v: (str(type(v)), v))[:SAMPLE_IDS]
     return Duplicates(id_col, spark.createDataFrame([(i,) for i in ids], field),
-                      Tally({DUPLICATE_ID: int(summary["rows"])}, {DUPLICATE_ID: sample}))
+                      Tally({DUPLICATE_ID: sum(row["count"] for row in found)}, {DUPLICATE_ID: sample}))
 
 
 def write_quarantine(rows: DataFrame, path: str, run_id: str | None, input_version: int | None) -> None:

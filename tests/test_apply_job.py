@@ -230,6 +230,21 @@ def test_id_aggregate_shuffles_one_partition_per_local_core(spark):
     assert spark.conf.get("spark.sql.shuffle.partitions") == before
 
 
+def test_duplicate_ids_beyond_the_ceiling_mean_the_table_is_not_keyed(spark, monkeypatch):
+    """More duplicated ids than the driver keeps (MAX_DUPLICATE_IDS, patched to 3 here) is refused with their exact
+    number of ids and rows; at the ceiling they are all returned, with every copy counted."""
+    import anisotropy_spark.quarantine as quarantine
+
+    monkeypatch.setattr(quarantine, "MAX_DUPLICATE_IDS", 3)
+    ids = spark.createDataFrame([(i % 4,) for i in range(10)] + [(None,), (None,), (99,)], "id long")
+    with pytest.raises(InvalidRowsError, match=r"^4 ids of column 'id' occur more than once \(10 rows\): "
+                                               r"the table is not keyed by 'id'$"):
+        find_duplicates(ids, "id")
+    at_ceiling = find_duplicates(ids.where("id < 3 or id is null"), "id")
+    assert at_ceiling.tally.counts == {"duplicate_id": 8}
+    assert sorted(r["id"] for r in at_ceiling.ids.collect()) == [0, 1, 2]
+
+
 def test_quarantine_is_idempotent_and_stamped(spark, tmp_path):
     """Issue 12: a row that stays invalid is quarantined once, with the run id and input version of the run that
     first saw it; a new invalid row is added; an older quarantine table without the new columns gains them."""
