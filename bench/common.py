@@ -46,8 +46,8 @@ def corpus(args: argparse.Namespace, path: pathlib.Path) -> tuple[pathlib.Path, 
     if args.corpus is None:
         return path, write_parquet_corpus(path, args.rows, args.dim)
     files = sorted(pathlib.Path(args.corpus).glob("*.parquet"))
-    first = pq.ParquetFile(files[0]).iter_batches(batch_size=1, columns=["vector"])
-    args.dim = len(next(first).column(0)[0])
+    first = next(f for f in files if pq.ParquetFile(f).metadata.num_rows > 0)  # a Delta table may hold empty files
+    args.dim = len(next(pq.ParquetFile(first).iter_batches(batch_size=1, columns=["vector"])).column(0)[0])
     args.rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
     return pathlib.Path(args.corpus), None
 
