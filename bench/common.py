@@ -46,7 +46,9 @@ def corpus(args: argparse.Namespace, path: pathlib.Path) -> tuple[pathlib.Path, 
     if args.corpus is None:
         return path, write_parquet_corpus(path, args.rows, args.dim)
     files = sorted(pathlib.Path(args.corpus).glob("*.parquet"))
-    first = next(f for f in files if pq.ParquetFile(f).metadata.num_rows > 0)  # a Delta table may hold empty files
+    first = next((f for f in files if pq.ParquetFile(f).metadata.num_rows > 0), None)  # Delta may keep empty files
+    if first is None:
+        raise SystemExit(f"--corpus {args.corpus}: no Parquet file with rows")
     args.dim = len(next(pq.ParquetFile(first).iter_batches(batch_size=1, columns=["vector"])).column(0)[0])
     args.rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
     return pathlib.Path(args.corpus), None
