@@ -45,12 +45,12 @@ def corpus(args: argparse.Namespace, path: pathlib.Path) -> tuple[pathlib.Path, 
     ``path``."""
     if args.corpus is None:
         return path, write_parquet_corpus(path, args.rows, args.dim)
-    files = sorted(pathlib.Path(args.corpus).glob("*.parquet"))
-    first = next((f for f in files if pq.ParquetFile(f).metadata.num_rows > 0), None)  # Delta may keep empty files
+    rows = {f: pq.ParquetFile(f).metadata.num_rows for f in sorted(pathlib.Path(args.corpus).glob("*.parquet"))}
+    first = next((f for f, n in rows.items() if n), None)  # a Delta table may keep empty data files
     if first is None:
         raise SystemExit(f"--corpus {args.corpus}: no Parquet file with rows")
     args.dim = len(next(pq.ParquetFile(first).iter_batches(batch_size=1, columns=["vector"])).column(0)[0])
-    args.rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    args.rows = sum(rows.values())
     return pathlib.Path(args.corpus), None
 
 
