@@ -30,7 +30,6 @@ from anisotropy_core.artifact import save_artifact
 from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import fit
 from anisotropy_spark.estimators import CorrectionModel
-from anisotropy_spark.io import is_delta_table
 from anisotropy_spark.python_worker import install_in_python_worker
 from anisotropy_spark.session import get_spark
 from bench.common import add_corpus_arguments, corpus, parquet_moments, print_ratios, time_in_rounds
@@ -55,12 +54,12 @@ def main() -> None:
     spark = get_spark("bench-apply", master="local[2]")
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         root = pathlib.Path(tmp)
-        parquet, X = corpus(args, root / "parquet")
-        source = str(parquet) if is_delta_table(spark, str(parquet)) else str(root / "corpus")
-        if source != str(parquet):
-            spark.read.parquet(str(parquet)).write.format("delta").save(source)     # array<float>
+        found, X = corpus(args, root / "parquet", spark)
+        source = str(found.path) if found.is_delta else str(root / "corpus")
+        if not found.is_delta:
+            found.read(spark).write.format("delta").save(source)     # array<float>
         params = {"D": max(1, args.dim // 100)} if args.method == "abtt" else {}
-        transform = fit(args.method, Moments.of_batch(X) if X is not None else parquet_moments(parquet, args.dim),
+        transform = fit(args.method, Moments.of_batch(X) if X is not None else parquet_moments(found.files, args.dim),
                         **params)
         manifest = save_artifact(str(root / "artifact"), transform, n=args.rows)
         model = CorrectionModel(transform, n=args.rows)._set(inputCol="vector", outputCol="vector")

@@ -3,17 +3,21 @@ streamed file by file, best-of and plain timing."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib
 import time
+import urllib.parse
 from contextlib import contextmanager
 from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
 
 from anisotropy_core.moments import Moments
 from anisotropy_core.synthetic import cone
+from anisotropy_spark.io import is_delta_table
 
 BATCH_ROWS = 8192
 
@@ -35,30 +39,53 @@ def add_corpus_arguments(parser: argparse.ArgumentParser, rows: int, dim: int) -
     parser.add_argument("--rows", type=int, default=rows)
     parser.add_argument("--dim", type=int, default=dim)
     parser.add_argument("--corpus", default=None,
-                        help="an existing directory of float32 (id, vector) Parquet files, e.g. a Delta table "
-                             "written by bench.scale (its --rows/--dim are then read from it); default: generate")
+                        help="an existing directory of float32 (id, vector) Parquet files, or a Delta table (read "
+                             "at its current version), e.g. one written by bench.scale (its --rows/--dim are then "
+                             "read from it); default: generate")
 
 
-def corpus(args: argparse.Namespace, path: pathlib.Path) -> tuple[pathlib.Path, np.ndarray | None]:
-    """(directory of the corpus's Parquet files, its (n, d) float32 matrix or None): ``--corpus`` as given, with
-    ``args.rows``/``args.dim`` set from its files; else a corpus of ``args.rows`` × ``args.dim`` written to
-    ``path``."""
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+    """A bench corpus: ``path`` (a Delta table or a directory of Parquet files) and ``files``, the Parquet data
+    files a reader of it sees (a Delta table's: those of its current version, not files an overwrite left behind
+    and no vacuum removed yet)."""
+
+    path: pathlib.Path
+    files: list[pathlib.Path]
+    is_delta: bool
+
+    def read(self, spark: SparkSession) -> DataFrame:
+        """The corpus as Spark reads it: through Delta for a Delta table, else the Parquet files."""
+        return spark.read.format("delta" if self.is_delta else "parquet").load(str(self.path))
+
+
+def corpus(args: argparse.Namespace, path: pathlib.Path,
+           spark: SparkSession) -> tuple[Corpus, np.ndarray | None]:
+    """(the corpus, its (n, d) float32 matrix or None): ``--corpus`` as given, with ``args.rows``/``args.dim`` set
+    from its data files; else a corpus of ``args.rows`` × ``args.dim`` Parquet files written to ``path``."""
     if args.corpus is None:
-        return path, write_parquet_corpus(path, args.rows, args.dim)
-    rows = {f: pq.ParquetFile(f).metadata.num_rows for f in sorted(pathlib.Path(args.corpus).glob("*.parquet"))}
-    first = next((f for f, n in rows.items() if n), None)  # a Delta table may keep empty data files
+        X = write_parquet_corpus(path, args.rows, args.dim)
+        return Corpus(path, sorted(path.glob("*.parquet")), is_delta=False), X
+    root = pathlib.Path(args.corpus)
+    if is_delta_table(spark, str(root)):
+        uris = spark.read.format("delta").load(str(root)).inputFiles()
+        found = Corpus(root, sorted(pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(uri).path)) for uri in uris), is_delta=True)
+    else:
+        found = Corpus(root, sorted(root.glob("*.parquet")), is_delta=False)
+    rows = {f: pq.ParquetFile(f).metadata.num_rows for f in found.files}
+    first = next((f for f, n in rows.items() if n), None)
     if first is None:
         raise SystemExit(f"--corpus {args.corpus}: no Parquet file with rows")
     args.dim = len(next(pq.ParquetFile(first).iter_batches(batch_size=1, columns=["vector"])).column(0)[0])
     args.rows = sum(rows.values())
-    return pathlib.Path(args.corpus), None
+    return found, None
 
 
-def parquet_moments(path: pathlib.Path, dim: int) -> Moments:
-    """Single-process pyarrow + numpy moments of the ``vector`` column of every Parquet file under ``path``:
-    float32 read ``BATCH_ROWS`` rows at a time, float64 accumulation, merged (Chan)."""
+def parquet_moments(files: list[pathlib.Path], dim: int) -> Moments:
+    """Single-process pyarrow + numpy moments of the ``vector`` column of the Parquet ``files``: float32 read
+    ``BATCH_ROWS`` rows at a time, float64 accumulation, merged (Chan)."""
     state = Moments.empty(dim)
-    for file in sorted(path.glob("*.parquet")):
+    for file in files:
         for batch in pq.ParquetFile(file).iter_batches(batch_size=BATCH_ROWS, columns=["vector"]):
             values = batch.column(0).values.to_numpy()
             state = state.merge(Moments.of_batch(values.reshape(-1, dim)))

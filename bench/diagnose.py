@@ -35,9 +35,9 @@ from bench.common import add_corpus_arguments, corpus, parquet_moments, print_ra
 from jobs.diagnose import DiagnoseConfig, run_diagnosis, write_outputs
 
 
-def parquet_floor(path: pathlib.Path, dim: int) -> dict:
-    """Single-process pyarrow + numpy moments over the Parquet files (float32 read, float64 accumulation)."""
-    return diagnose(parquet_moments(path, dim))
+def parquet_floor(files: list[pathlib.Path], dim: int) -> dict:
+    """Single-process pyarrow + numpy moments over the Parquet ``files`` (float32 read, float64 accumulation)."""
+    return diagnose(parquet_moments(files, dim))
 
 
 def count_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -58,19 +58,19 @@ def main() -> None:
     args = parser.parse_args()
     spark = get_spark("bench-diagnose", master="local[2]")
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
-        path, X = corpus(args, pathlib.Path(tmp) / "corpus")
-        config = DiagnoseConfig(input=str(path), metadata_cols=[], cluster_k=None, metrics_table=None,
+        found, X = corpus(args, pathlib.Path(tmp) / "corpus", spark)
+        config = DiagnoseConfig(input=str(found.path), metadata_cols=[], cluster_k=None, metrics_table=None,
                                 output_dir=str(pathlib.Path(tmp) / "report"))
 
         def floor():
-            return parquet_floor(path, args.dim)["top1_var"]
+            return parquet_floor(found.files, args.dim)["top1_var"]
 
         def scan():
-            return spark.read.parquet(str(path)).select("vector").mapInArrow(count_rows, "rows long").agg(
+            return found.read(spark).select("vector").mapInArrow(count_rows, "rows long").agg(
                 F.sum("rows")).first()[0]
 
         def ours():
-            return diagnose_dataframe(spark.read.parquet(str(path)), "vector", args.dim)["top1_var"]
+            return diagnose_dataframe(found.read(spark), "vector", args.dim)["top1_var"]
 
         def job():
             result = run_diagnosis(spark, config)
@@ -78,7 +78,7 @@ def main() -> None:
             return result["metrics"]["top1_var"]
 
         def mllib():
-            df = spark.read.parquet(str(path)).select(array_to_vector("vector").alias("features"))
+            df = found.read(spark).select(array_to_vector("vector").alias("features"))
             model = PCA(k=10, inputCol="features").fit(df)
             return float(model.explainedVariance[0])
 
