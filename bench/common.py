@@ -68,12 +68,13 @@ def corpus(args: argparse.Namespace, path: pathlib.Path,
         return Corpus(path, sorted(path.glob("*.parquet")), is_delta=False), X
     root = pathlib.Path(args.corpus)
     if is_delta_table(spark, str(root)):
-        uris = spark.read.format("delta").load(str(root)).inputFiles()
-        found = Corpus(root, sorted(pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(uri).path)) for uri in uris), is_delta=True)
+        uris = spark.read.format("delta").load(str(root)).inputFiles()   # file: URIs of the current version
+        files = sorted(pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(uri).path)) for uri in uris)
+        found = Corpus(root, files, is_delta=True)
     else:
         found = Corpus(root, sorted(root.glob("*.parquet")), is_delta=False)
     rows = {f: pq.ParquetFile(f).metadata.num_rows for f in found.files}
-    first = next((f for f, n in rows.items() if n), None)
+    first = next((f for f, n in rows.items() if n), None)  # a writer may leave empty Parquet files
     if first is None:
         raise SystemExit(f"--corpus {args.corpus}: no Parquet file with rows")
     args.dim = len(next(pq.ParquetFile(first).iter_batches(batch_size=1, columns=["vector"])).column(0)[0])
