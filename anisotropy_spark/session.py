@@ -22,6 +22,18 @@ caller passes in ``extra_conf`` come after them, so ``-Darrow.enable_unsafe_memo
 the check back on. Under spark-submit nothing is added: pass them in ``--driver-java-options`` and
 ``spark.executor.extraJavaOptions`` there.
 
+An embedded session also starts its JVMs with :data:`JIT_JAVA_OPTIONS`: HotSpot keeps compiling hot methods with
+profiling (its tier 3) however long the queue of its optimising compiler (C2) grows. By default, beyond 5 queued C2
+compiles per compiler thread it compiles them at tier 2, which records no receiver types (``-XX:Tier3DelayOn``).
+On a 2-core machine that queue is long while Spark starts, and in 5 of 13 JVM launches C2 then compiled the loop in
+which Spark copies every vector element from its columnar batches into rows (``ColumnarArray.getFloat``) with a
+virtual call per element (``-XX:+PrintInlining``: ``ColumnVector::getFloat virtual call``); that JVM's scan of
+1,000,000 × 384 float32 into the Python workers took 10.7–13.3 CPU-s instead of 6.5–9.5, for the life of the JVM.
+With the option all 9 launches measured ran at the fast speed, 6 of them beside a running test suite; a plain
+Delta copy and a JVM's first query took as long as without it (README, bench section). Options in
+``extra_conf`` come after it, so ``-XX:Tier3DelayOn=5`` there restores HotSpot's default; under spark-submit it
+is not added.
+
 An embedded ``local`` session also reads a Delta table's log state in one partition per local core, at most
 Delta's default of 50 (``spark.databricks.delta.snapshotPartitions``; 50 tasks cost ≈ 0.3–0.6 s on every query
 of a table on a 2-core machine).
@@ -49,6 +61,8 @@ ARROW_BATCH_BYTES = 32 << 20       # per Arrow batch sent to a Python worker
 DRIVER_MEMORY_FRACTION = 0.25
 DRIVER_MEMORY_MIN_MB, DRIVER_MEMORY_MAX_MB = 1024, 16384
 ARROW_JAVA_OPTIONS = "-Darrow.enable_unsafe_memory_access=true -Darrow.enable_null_check_for_get=false"
+JIT_JAVA_OPTIONS = "-XX:Tier3DelayOn=100000"       # never fall back to unprofiled tier-2 code (module docstring)
+EMBEDDED_JAVA_OPTIONS = f"{ARROW_JAVA_OPTIONS} {JIT_JAVA_OPTIONS}"
 JAVA_OPTIONS_KEYS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
 JAR_DIR = pathlib.Path(os.environ.get("ANISOTROPY_JAR_DIR", pathlib.Path(__file__).resolve().parent.parent / ".jars"))
 
@@ -105,10 +119,10 @@ def get_spark(app_name: str = "anisotropy", master: str | None = None,
 
 
 def embedded_java_options(extra_conf: dict[str, str] | None) -> dict[str, str]:
-    """Driver and executor JVM options of an embedded session: :data:`ARROW_JAVA_OPTIONS`, then the caller's
-    own for the same key in ``extra_conf``."""
+    """Driver and executor JVM options of an embedded session: :data:`EMBEDDED_JAVA_OPTIONS` (Arrow's and the
+    JIT's), then the caller's own for the same key in ``extra_conf``."""
     given = extra_conf or {}
-    return {key: " ".join(filter(None, [ARROW_JAVA_OPTIONS, given.get(key)])) for key in JAVA_OPTIONS_KEYS}
+    return {key: " ".join(filter(None, [EMBEDDED_JAVA_OPTIONS, given.get(key)])) for key in JAVA_OPTIONS_KEYS}
 
 
 def local_cores(master: str) -> int | None:

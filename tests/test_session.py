@@ -3,8 +3,8 @@ import os
 
 import pytest
 
-from anisotropy_spark.session import (ARROW_JAVA_OPTIONS, embedded_java_options, local_cores, session_conf,
-                                      snapshot_partitions)
+from anisotropy_spark.session import (ARROW_JAVA_OPTIONS, EMBEDDED_JAVA_OPTIONS, JIT_JAVA_OPTIONS,
+                                      embedded_java_options, local_cores, session_conf, snapshot_partitions)
 
 
 @pytest.mark.parametrize("master, cores", [
@@ -39,13 +39,14 @@ def test_the_embedded_local2_session_reads_delta_state_in_two_partitions(spark):
     assert spark.conf.get("spark.databricks.delta.snapshotPartitions") == "2"
 
 
-def test_embedded_java_options_put_the_callers_own_after_arrows():
+def test_embedded_java_options_put_the_callers_own_after_arrows_and_the_jits():
+    assert EMBEDDED_JAVA_OPTIONS == ARROW_JAVA_OPTIONS + " " + JIT_JAVA_OPTIONS
     options = embedded_java_options({"spark.driver.extraJavaOptions": "-Darrow.enable_unsafe_memory_access=false"})
     assert options == {
-        "spark.driver.extraJavaOptions": ARROW_JAVA_OPTIONS + " -Darrow.enable_unsafe_memory_access=false",
-        "spark.executor.extraJavaOptions": ARROW_JAVA_OPTIONS}
-    assert embedded_java_options(None) == {"spark.driver.extraJavaOptions": ARROW_JAVA_OPTIONS,
-                                           "spark.executor.extraJavaOptions": ARROW_JAVA_OPTIONS}
+        "spark.driver.extraJavaOptions": EMBEDDED_JAVA_OPTIONS + " -Darrow.enable_unsafe_memory_access=false",
+        "spark.executor.extraJavaOptions": EMBEDDED_JAVA_OPTIONS}
+    assert embedded_java_options(None) == {"spark.driver.extraJavaOptions": EMBEDDED_JAVA_OPTIONS,
+                                           "spark.executor.extraJavaOptions": EMBEDDED_JAVA_OPTIONS}
 
 
 def test_the_embedded_session_jvm_runs_arrow_without_bounds_and_get_null_checks(spark):
@@ -53,3 +54,10 @@ def test_the_embedded_session_jvm_runs_arrow_without_bounds_and_get_null_checks(
     assert jvm.java.lang.System.getProperty("arrow.enable_unsafe_memory_access") == "true"
     assert jvm.java.lang.System.getProperty("arrow.enable_null_check_for_get") == "false"
     assert not jvm.org.apache.arrow.memory.BoundsChecking.BOUNDS_CHECKING_ENABLED
+
+
+def test_the_embedded_session_jvm_keeps_profiling_hot_methods_however_long_c2s_queue(spark):
+    jvm = spark.sparkContext._jvm
+    hotspot = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
+    assert hotspot.getVMOption("Tier3DelayOn").getValue() == "100000"
