@@ -55,12 +55,18 @@ class Artifact:
     def transform_version(self) -> str:
         return self.manifest["transform_version"]
 
+    def dimension_mismatch(self, d: int) -> "ArtifactError | None":
+        """The :class:`ArtifactError` of input vectors of dimension ``d``, None when they fit this transform."""
+        if d == self.transform.d_in:
+            return None
+        return ArtifactError(f"input vectors have dimension {d} but transform {self.transform_version} was fitted "
+                             f"on dimension {self.transform.d_in}")
+
     def check_dimension(self, d: int) -> None:
         """Raise :class:`ArtifactError` unless input vectors of dimension ``d`` fit this transform."""
-        if d != self.transform.d_in:
-            raise ArtifactError(
-                f"input vectors have dimension {d} but transform {self.transform_version} was fitted on "
-                f"dimension {self.transform.d_in}")
+        mismatch = self.dimension_mismatch(d)
+        if mismatch is not None:
+            raise mismatch
 
 
 def content_hash(transform: FittedTransform, n: int, fitted_on: dict | None) -> str:

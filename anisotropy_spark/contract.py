@@ -24,6 +24,10 @@ class InvalidRowsError(ValueError):
     """Input rows violate the contract and the job was configured with ``on_invalid: error``."""
 
 
+class ForeignDimensionError(ValueError):
+    """A batch of input rows holds vectors, but not one of the dimension the transform was fitted on."""
+
+
 class SchemaError(ValueError):
     """The table does not have a column the job needs, or the column has the wrong type."""
 
@@ -41,11 +45,14 @@ def require_columns(columns: list[str], needed: list[str], role: str) -> None:
 class CheckedBatch:
     """One batch split by the contract: ``matrix`` (B_valid, d) of the valid rows in batch order, in the
     column's element type (float32 for ``array<float>``, else float64),
-    ``valid`` (B,) bool mask, ``reasons`` (B,) object array (None where valid) or None when all rows are valid."""
+    ``valid`` (B,) bool mask, ``reasons`` (B,) object array (None where valid) or None when all rows are valid,
+    ``foreign_length``: the length of the batch's first non-null vector when the batch holds non-null vectors but not
+    one of the expected dimension (rows of another embedding model), else None."""
 
     matrix: np.ndarray
     valid: np.ndarray
     reasons: np.ndarray | None
+    foreign_length: int | None = None
 
 
 def vector_column(batch: pa.RecordBatch, vector_col: str) -> pa.Array:
@@ -80,6 +87,9 @@ def check_batch(batch: pa.RecordBatch, vector_col: str, id_col: str | None, dime
     valid[shaped] = kept
     if valid.all():
         return CheckedBatch(matrix, valid, None)
+    foreign = None
+    if not shaped.any() and not null_vector.all():
+        foreign = int(lengths[np.argmin(null_vector)])
     reasons = np.full(rows, None, dtype=object)
     shaped_rows = np.flatnonzero(shaped)
     reasons[shaped_rows[~nonzero]] = "zero_norm"
@@ -88,7 +98,7 @@ def check_batch(batch: pa.RecordBatch, vector_col: str, id_col: str | None, dime
         reasons[row] = f"wrong_dimension:{lengths[row]}"
     reasons[null_vector] = "null_vector"
     reasons[null_id] = "null_id"
-    return CheckedBatch(matrix[kept], valid, reasons)
+    return CheckedBatch(matrix[kept], valid, reasons, foreign)
 
 
 @dataclass
@@ -139,9 +149,21 @@ def first_invalid_error(checked: CheckedBatch, batch: pa.RecordBatch, vector_col
 
 
 _WORKER_ERROR = re.compile(r"InvalidRowsError: (.*)")
+_FOREIGN_DIMENSION = re.compile(r"ForeignDimensionError: input vectors have dimension (\d+)")
 
 
 def invalid_rows_from_worker(exc: Exception) -> InvalidRowsError | None:
     """The :class:`InvalidRowsError` a Python worker raised inside ``exc`` (a captured Spark error), or None."""
     found = _WORKER_ERROR.search(str(exc))
     return InvalidRowsError(found.group(1).strip()) if found else None
+
+
+def foreign_dimension_error(length: int, dimension: int) -> ForeignDimensionError:
+    """The error a worker raises for a batch whose vectors have ``length`` elements, not ``dimension``."""
+    return ForeignDimensionError(f"input vectors have dimension {length}, not the transform's {dimension}")
+
+
+def foreign_dimension_from_worker(exc: Exception) -> int | None:
+    """The vector length of the :class:`ForeignDimensionError` a Python worker raised inside ``exc``, or None."""
+    found = _FOREIGN_DIMENSION.search(str(exc))
+    return int(found.group(1)) if found else None

@@ -46,7 +46,7 @@ from anisotropy_core.transforms import (DEFAULT_EPS, FitData, FittedTransform, f
                                         fit_center, fit_whitening)
 
 from .arrow import batch_matrix, matrix_column
-from .contract import REASON_COLUMN, check_batch, first_invalid_error
+from .contract import REASON_COLUMN, check_batch, first_invalid_error, foreign_dimension_error
 from .diagnostics import sample_rows
 from .io import TableRef, as_vector_array, infer_dimension
 from .moments import corpus_moments
@@ -409,8 +409,8 @@ class CorrectionModel(Model, _CorrectionParams, HasOutputDtype, MLReadable, MLWr
 
     def transform_checked(self, dataset: DataFrame, checks: "RowChecks | None" = None) -> DataFrame:
         """:meth:`transform`, optionally checking every row against the input contract in the same pass
-        (``checks``, see :class:`RowChecks`). Only builds the plan (no Spark job): a vector whose dimension is
-        not the transform's ``d_in`` fails the action that runs it, naming the batch row."""
+        (``checks``, see :class:`RowChecks`). Only builds the plan (no Spark job). Without ``checks``, a vector
+        whose dimension is not the transform's ``d_in`` fails the action that runs it, naming the batch row."""
         col, out = self.getInputCol(), self.getOutputCol()
         df = as_vector_array(dataset, col)
         out_type = output_element_type(self.getOrDefault(self.outputDtype), df.schema[col].dataType.elementType)
@@ -439,6 +439,10 @@ class RowChecks(NamedTuple):
     ``id_col``: named in errors. ``tag_invalid`` False: the first invalid row raises
     :class:`~anisotropy_spark.contract.InvalidRowsError` in the worker (``on_invalid: error``); True: invalid
     rows are kept with a null output vector and their reason in ``invalid_reason`` (for counting and filtering).
+
+    Either way, a partition whose first Arrow batch holds vectors but not one of the transform's dimension is
+    not a few bad rows but a table of another embedding model: the worker raises
+    :class:`~anisotropy_spark.contract.ForeignDimensionError` (before any invalid-row error), failing the action.
     """
 
     id_col: str
@@ -473,12 +477,14 @@ def apply_batches(transform: FittedTransform, vector_col: str, output_col: str, 
     written = [output_col] + extra_cols + ([REASON_COLUMN] if checks and checks.tag_invalid else [])
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
+        for number, batch in enumerate(batches):
             valid, reasons = None, []
             if checks is None:
                 matrix = batch_matrix(batch, vector_col, d, dtype=None)
             else:
                 checked = check_batch(batch, vector_col, checks.id_col, d)
+                if number == 0 and checked.foreign_length is not None:
+                    raise foreign_dimension_error(checked.foreign_length, d)
                 if checked.reasons is not None:
                     if not checks.tag_invalid:
                         raise first_invalid_error(checked, batch, vector_col, checks.id_col)

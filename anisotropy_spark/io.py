@@ -80,12 +80,6 @@ def as_vector_array(df: DataFrame, vector_col: str) -> DataFrame:
     )
 
 
-def first_vector_length(df: DataFrame, vector_col: str) -> int | None:
-    """Length of the first non-null vector of ``df`` (reads one row), None when there is none."""
-    first = df.where(F.col(vector_col).isNotNull()).select(F.size(vector_col).alias("d")).first()
-    return None if first is None else int(first["d"])
-
-
 def infer_dimension(df: DataFrame, vector_col: str, rows: int = INFER_ROWS) -> int:
     """Most common length among the first ``rows`` non-null vectors (the corpus dimension when none is
     configured); reads only that many rows, not the table."""

@@ -13,6 +13,9 @@ replaced by the corrected vector (element type per ``output_dtype``), plus a ``t
 * Invalid rows, ``on_invalid: quarantine``: the pass tags them, a Spark ``Observation`` counts them during
   the write, and the write keeps only the valid ones; only when the count is non-zero is the input read a
   second time to count the reasons and append those rows to ``quarantine_path`` (after the output commit).
+* Input of another dimension: a partition whose first Arrow batch holds vectors but not one of the artifact's
+  dimension fails the pass (nothing is committed) and the job raises :class:`ArtifactError` naming both
+  dimensions; scattered rows of another length are invalid rows (``wrong_dimension:<length>``) like any other.
 * Duplicate ids: one aggregate over the id column before the pass. Every copy of an id held by more than one
   otherwise-valid row is left out and quarantined (reason ``duplicate_id``), or, with ``on_invalid: error``,
   the job stops before writing, naming sample ids.
@@ -38,10 +41,10 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from anisotropy_core.artifact import Artifact, load_artifact
-from anisotropy_spark.contract import REASON_COLUMN, Tally, invalid_rows_from_worker
+from anisotropy_spark.contract import REASON_COLUMN, Tally, foreign_dimension_from_worker, invalid_rows_from_worker
 from anisotropy_spark.estimators import CorrectionModel, RowChecks
-from anisotropy_spark.io import (as_vector_array, count_invalid, first_vector_length, is_delta_table, read_table,
-                                 require_column, settle_invalid, valid_rows)
+from anisotropy_spark.io import (as_vector_array, count_invalid, is_delta_table, read_table, require_column,
+                                 settle_invalid, valid_rows)
 from anisotropy_spark.quarantine import Duplicates, find_duplicates
 from anisotropy_spark.session import get_spark
 from jobs.cli import run
@@ -98,6 +101,15 @@ def checked_duplicates(df: DataFrame, config: ApplyConfig, dimension: int) -> Du
     return duplicates
 
 
+def error_from_worker(exc: Exception, artifact: Artifact) -> Exception | None:
+    """The job's own error for one a Python worker raised inside ``exc``: :class:`ArtifactError` for vectors of
+    another dimension, :class:`InvalidRowsError` for an invalid row; None for any other error."""
+    length = foreign_dimension_from_worker(exc)
+    if length is not None:
+        return artifact.dimension_mismatch(length)
+    return invalid_rows_from_worker(exc)
+
+
 def run_apply(spark: SparkSession, config: ApplyConfig, artifact: Artifact | None = None) -> dict:
     """Run the job; returns a JSON-ready summary with ``status`` ``written`` or ``skipped``.
 
@@ -116,9 +128,6 @@ def run_apply(spark: SparkSession, config: ApplyConfig, artifact: Artifact | Non
     vector_col, id_col = config.vector_col, config.id_col
     require_column(df, id_col, "id")
     df = as_vector_array(df, vector_col)
-    first = first_vector_length(df, vector_col)
-    if first is not None:
-        artifact.check_dimension(first)
     model = (CorrectionModel.from_artifact(artifact, vector_col, config.output_col or vector_col)
              .setOutputDtype(config.output_dtype))
     quarantine = config.on_invalid == "quarantine"
@@ -133,7 +142,7 @@ def run_apply(spark: SparkSession, config: ApplyConfig, artifact: Artifact | Non
          .write.format("delta").mode("overwrite").option("overwriteSchema", "true")
          .option("userMetadata", json.dumps(stamp, sort_keys=True)).save(config.output))
     except Exception as exc:      # the worker's error arrives wrapped (Py4J / captured Spark error)
-        found = invalid_rows_from_worker(exc)
+        found = error_from_worker(exc, artifact)
         if found is None:
             raise
         raise found from None

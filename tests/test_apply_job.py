@@ -4,12 +4,14 @@ import json
 import sys
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from pyspark import cloudpickle
 
 from anisotropy_core import synthetic
 from anisotropy_core.artifact import Artifact, ArtifactError, load_artifact
 from anisotropy_core.transforms import Center
+from anisotropy_spark.contract import check_batch
 from anisotropy_spark.diagnostics import diagnose_dataframe
 from anisotropy_spark.io import InvalidRowsError
 from anisotropy_spark.quarantine import find_duplicates, id_scan_conf
@@ -153,6 +155,43 @@ def test_invalid_rows_and_dimension_mismatch(spark, corpus, tmp_path):
     write_table(spark, narrow, data[:20, :8])
     with pytest.raises(ArtifactError, match="dimension 8 but transform center-"):
         run_apply(spark, dataclasses.replace(config, input=narrow))
+
+
+def test_check_batch_names_the_length_of_a_batch_with_no_vector_of_the_dimension():
+    """``foreign_length``: the first non-null vector's length when no non-null vector of the batch has the expected
+    dimension; None when one has it, or when every vector is null."""
+    def batch(vectors):
+        return pa.RecordBatch.from_arrays([pa.array(range(len(vectors)), pa.int64()),
+                                           pa.array(vectors, pa.list_(pa.float32()))], ["id", "vector"])
+
+    assert check_batch(batch([None, [1.0, 2.0], [1.0, 2.0, 3.0]]), "vector", "id", 4).foreign_length == 2
+    assert check_batch(batch([[1.0, 2.0], [1.0, 2.0, 3.0, 4.0]]), "vector", "id", 4).foreign_length is None
+    assert check_batch(batch([None, None]), "vector", "id", 4).foreign_length is None
+    assert check_batch(batch([[1.0, 2.0, 3.0, 4.0]]), "vector", "id", 4).foreign_length is None
+
+
+def test_a_table_of_another_dimension_is_refused_and_a_stray_first_row_quarantined(spark, corpus, tmp_path):
+    """The dimension is checked inside the one pass, on each partition's first Arrow batch: a table of another
+    dimension fails it with ArtifactError and nothing committed (with on_invalid: quarantine too), while one row of
+    another length is quarantined like any invalid row, even when it is the table's first row."""
+    root, data = corpus
+    _, artifact = fitted(spark, root, "center")
+    narrow = str(tmp_path / "narrow")
+    write_table(spark, narrow, data[:20, :8])
+    config = ApplyConfig(input=narrow, artifact=artifact, output=str(tmp_path / "o"), on_invalid="quarantine",
+                         quarantine_path=str(tmp_path / "q"))
+    with pytest.raises(ArtifactError, match=f"^input vectors have dimension 8 but transform center-[0-9a-f]{{12}} "
+                                            f"was fitted on dimension {D}$"):
+        run_apply(spark, config)
+    assert latest_commit(spark, config.output) is None
+    stray = str(tmp_path / "stray")
+    rows = [(0, [1.0, 2.0])] + [(i, [float(v) for v in data[i]]) for i in range(1, 20)]
+    spark.createDataFrame(rows, "id long, vector array<double>").coalesce(1).write.format("delta").save(stray)
+    assert spark.read.format("delta").load(stray).first()["id"] == 0
+    summary = run_apply(spark, dataclasses.replace(config, input=stray))
+    assert summary["status"] == "written" and summary["invalid_by_reason"] == {"wrong_dimension:2": 1}
+    out = spark.read.format("delta").load(config.output)
+    assert sorted(r["id"] for r in out.collect()) == list(range(1, 20))
 
 
 def float32_table(spark, path, matrix, bad_rows=()):
