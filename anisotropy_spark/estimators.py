@@ -410,7 +410,12 @@ class CorrectionModel(Model, _CorrectionParams, HasOutputDtype, MLReadable, MLWr
     def transform_checked(self, dataset: DataFrame, checks: "RowChecks | None" = None) -> DataFrame:
         """:meth:`transform`, optionally checking every row against the input contract in the same pass
         (``checks``, see :class:`RowChecks`). Only builds the plan (no Spark job). Without ``checks``, a vector
-        whose dimension is not the transform's ``d_in`` fails the action that runs it, naming the batch row."""
+        whose dimension is not the transform's ``d_in`` fails the action that runs it, naming the batch row.
+
+        The output vectors are declared ``array<float|double>`` with ``containsNull = false``: a row's vector is
+        null (an invalid row) or a whole finite vector. Spark then copies each element out of the workers' Arrow
+        batches without a null check (1,000,000 × 384 float32 into a ``noop`` sink, 2 cores, median of 5: 13.9
+        against 15.4 JVM CPU-s); a Delta table written from it keeps the nullable ``array<float>`` schema."""
         col, out = self.getInputCol(), self.getOutputCol()
         df = as_vector_array(dataset, col)
         out_type = output_element_type(self.getOrDefault(self.outputDtype), df.schema[col].dataType.elementType)
@@ -418,7 +423,8 @@ class CorrectionModel(Model, _CorrectionParams, HasOutputDtype, MLReadable, MLWr
         reason = [StructField(REASON_COLUMN, StringType(), True)] if checks and checks.tag_invalid else []
         written = {out, *(f.name for f in extra + reason)}
         fields = [f for f in df.schema.fields if f.name not in written]
-        schema = StructType(fields + [StructField(out, ArrayType(out_type), True)] + extra + reason)
+        vectors = StructField(out, ArrayType(out_type, containsNull=False), True)   # null rows, never null elements
+        schema = StructType(fields + [vectors] + extra + reason)
         return df.mapInArrow(apply_batches(self.transform_, col, out, [f.name for f in extra],
                                            self.batch_outputs(), numpy_dtype(out_type), checks), schema)
 

@@ -213,6 +213,7 @@ def test_output_dtype_and_one_pass_quarantine(spark, corpus, tmp_path, output_dt
     assert summary["invalid_rows"] == 2 and summary["invalid_by_reason"] == {"non_finite": 2}
     out = spark.read.format("delta").load(config.output)
     assert out.schema["vector"].dataType.simpleString() == f"array<{element}>"
+    assert out.schema["vector"].dataType.containsNull is True          # the published type is the input's, nullable
     got = {r["id"]: np.array(r["vector"]) for r in out.collect()}
     assert sorted(got) == [i for i in range(50) if i not in (4, 9)]
     want = data[:50].astype(np.float32).astype(np.float64) - load_artifact(artifact).transform.mean

@@ -225,6 +225,7 @@ def test_float32_batches_spanning_apply_blocks_equal_the_numpy_apply(spark, esti
     model = estimator.copy().setInputCol("vector").setOutputCol("out").fit(table.coalesce(1))
     out = model.transform(table.coalesce(1))
     assert out.schema["out"].dataType.elementType.simpleString() == "float"
+    assert out.schema["out"].dataType.containsNull is False            # whole vectors: no null elements declared
     got = dict((r["id"], r["out"]) for r in out.select("id", "out").collect())
     want = model.transform_.apply(x, np.float32)
     np.testing.assert_array_equal(np.array([got[i] for i in range(len(x))], dtype=np.float32), want)
