@@ -307,7 +307,8 @@ def spark_cluster_diagnostics(df: DataFrame, vector_col: str, centroids: np.ndar
 
 @register_model_class(ClusterRecenter.method)
 class ClusterRecenterModel(CorrectionModel, _ClusterRecenterParams):
-    """Fitted cluster recentering: ``transform(df)`` writes ``outputCol`` (array<double>, corrected vector)
+    """Fitted cluster recentering: ``transform(df)`` writes ``outputCol`` (the corrected vector, element type per
+    ``outputDtype`` as for every :class:`CorrectionModel`)
     and ``predictionCol`` (int, the cluster the vector landed in; default ``cluster_id``), keeping every other
     column. Saves and loads as the shared artifact (method ``cluster_recenter``) plus pyspark.ml metadata;
     registered for that method, so ``CorrectionModel.from_artifact`` / ``CorrectionModel.load`` of such an
