@@ -13,6 +13,7 @@ from anisotropy_core.diagnostics import Diagnosis, diagnose
 from .arrow import batch_matrix
 from .contract import require_columns
 from .moments import corpus_moments
+from .row_sample import as_sample, keep_at_most, sample_fraction
 
 PROJECTION_COL = "u1_projection"
 
@@ -109,22 +110,25 @@ def abs_correlation(covariance: float | None, variance_x: float | None, variance
 
 def sample_rows(df: DataFrame, vector_col: str, dimension: int, columns: list[str], size: int,
                 seed: int = 0, total: int | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """A uniform random sample of about ``size`` valid rows on the driver (flow training, pictures, in-memory
-    measures): Spark's Bernoulli ``sample`` at 1.5·size/n, then a uniform subset of ``size`` of those rows on
-    the driver (``limit`` would keep the first partitions' rows and drop the last ones').
+    """A uniform random sample of about ``size`` valid rows on the driver, in a pass of its own
+    (:mod:`.row_sample`): Spark's Bernoulli ``sample``, then a uniform subset of ``size`` of its rows.
 
     ``total``: the rows of ``df`` when already known (saves a counting pass). Returns
     ``(vectors (m, d) float64, {column: (m,) array})`` with m ≤ ``size``.
     """
     total = df.count() if total is None else total
-    fraction = min(1.0, 1.5 * size / max(total, 1))
-    rows = df.select(vector_col, *columns).sample(fraction=fraction, seed=seed).toArrow()
-    if rows.num_rows > size:
-        keep = np.sort(np.random.default_rng(seed).choice(rows.num_rows, size=size, replace=False))
-        rows = rows.take(pa.array(keep))
-    vectors = batch_matrix(rows.combine_chunks().to_batches()[0], vector_col, dimension) if rows.num_rows \
-        else np.empty((0, dimension))
-    return vectors, {c: rows.column(c).to_numpy(zero_copy_only=False) for c in columns}
+    rows = df.select(vector_col, *columns).sample(fraction=sample_fraction(size, total), seed=seed).toArrow()
+    return as_sample(keep_at_most(rows, size, seed), vector_col, dimension, columns)
+
+
+def drawn_or_sampled(drawn: pa.Table | None, df: DataFrame, vector_col: str, dimension: int, columns: list[str],
+                     size: int, total: int, seed: int = 0) -> tuple[tuple[np.ndarray, dict[str, np.ndarray]], str]:
+    """(the sample, where it came from): the rows ``drawn`` in the moments pass (:class:`.row_sample.RowSample`)
+    when they are at least ``min(size, total)``, ``total`` being the valid rows of ``df``; else (none drawn, or
+    fewer: many invalid rows, or a Bernoulli shortfall) :func:`sample_rows`, a pass of its own over ``df``."""
+    if drawn is not None and drawn.num_rows >= min(size, total):
+        return as_sample(keep_at_most(drawn, size, seed), vector_col, dimension, columns), "moments pass"
+    return sample_rows(df, vector_col, dimension, columns, size, seed, total), "sample pass"
 
 
 def pair_alignment(valid: DataFrame, vector_col: str, id_col: str, pairs: DataFrame, alpha: float = 2.0) -> dict:

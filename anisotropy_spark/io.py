@@ -26,6 +26,7 @@ from anisotropy_core.moments import Moments
 from .contract import REASON_COLUMN, InvalidRowsError, SchemaError, Tally, check_batch, require_columns
 from .moments import checked_moments, corpus_moments
 from .quarantine import Duplicates, find_duplicates, write_quarantine
+from .row_sample import RowSample
 from .tree_reduce import tree_reduce
 
 INFER_ROWS = 10_000
@@ -163,6 +164,7 @@ class ValidatedInput:
     invalid_count: int
     invalid_by_reason: dict[str, int]
     moments: Moments | None = None     # the valid rows' merged moments (``with_moments``), else None
+    drawn: pa.Table | None = None      # valid rows drawn in the moments pass for ``sample`` (see :func:`validate`)
 
 
 def require_column(df: DataFrame, column: str, role: str) -> None:
@@ -172,7 +174,8 @@ def require_column(df: DataFrame, column: str, role: str) -> None:
 
 def validate(df: DataFrame, vector_col: str, id_col: str, dimension: int | None = None,
              on_invalid: str = "error", quarantine_path: str | None = None, *, run_id: str | None = None,
-             input_version: int | None = None, with_moments: bool = False) -> ValidatedInput:
+             input_version: int | None = None, with_moments: bool = False,
+             sample: RowSample | None = None) -> ValidatedInput:
     """Count the invalid rows of ``df`` (one pass over id + vector, nothing cached) and the duplicated ids among
     the others (one aggregate over the ids), act on them (:func:`settle_invalid`) and return the valid rows:
     neither invalid nor sharing an id.
@@ -180,13 +183,15 @@ def validate(df: DataFrame, vector_col: str, id_col: str, dimension: int | None 
     ``with_moments``: the counting pass is the moments pass (:func:`~anisotropy_spark.moments.checked_moments`),
     so a job that needs the valid rows' moments (diagnose, nightly, a moment-based fit) reads the vectors once;
     the result's ``moments`` holds them, recomputed in one more pass only when duplicated ids were set aside.
+    ``sample`` (with ``with_moments``): that pass also draws a random sample of the valid rows (:mod:`.row_sample`),
+    the result's ``drawn``; None when duplicated ids were set aside (the rows drawn may hold them).
     """
     if on_invalid not in ("error", "quarantine"):
         raise ValueError(f"on_invalid must be 'error' or 'quarantine', got {on_invalid!r}")
     require_column(df, id_col, "id")
     d = dimension if dimension is not None else infer_dimension(df, vector_col)
-    state, tally = checked_moments(df, vector_col, id_col, d) if with_moments else \
-        (None, count_invalid(df, vector_col, id_col, d))
+    state, tally, drawn = checked_moments(df, vector_col, id_col, d, sample) if with_moments else \
+        (None, count_invalid(df, vector_col, id_col, d), None)
     valid = valid_rows(df, vector_col, id_col, d, tally)
     duplicates = find_duplicates(valid, id_col)
     settle_invalid(df, tally, vector_col, id_col, d, on_invalid, quarantine_path, duplicates=duplicates,
@@ -194,8 +199,8 @@ def validate(df: DataFrame, vector_col: str, id_col: str, dimension: int | None 
     valid = duplicates.drop_from(valid)
     found = tally.merge(duplicates.tally)
     if state is not None and duplicates.tally.total:
-        state = corpus_moments(valid, vector_col, d)
+        state, drawn = corpus_moments(valid, vector_col, d), None
     if valid.isEmpty() if state is None else state.n == 0:
         raise InvalidRowsError(f"no valid rows left in column {vector_col!r} after validation ({found.counts})")
     return ValidatedInput(valid=valid, dimension=d, invalid_count=found.total, invalid_by_reason=found.counts,
-                          moments=state)
+                          moments=state, drawn=drawn)

@@ -30,9 +30,11 @@ from anisotropy_core.diagnostics import Diagnosis, diagnose, plain_scalar
 from anisotropy_core.isotropy_measures import (isoscore_from_spectrum, partition_ratio, sampling_noise,
                                                sign_structure_null, uniformity)
 from anisotropy_core.report import CLUSTER_KEYS, cell_text, write_report_assets
-from anisotropy_spark.diagnostics import DEFAULT_DIRECTIONS, pair_alignment, sample_rows, u1_artefact_test
+from anisotropy_spark.diagnostics import DEFAULT_DIRECTIONS, drawn_or_sampled, pair_alignment, u1_artefact_test
+from anisotropy_spark.contract import require_columns
 from anisotropy_spark.io import as_vector_array, read_table, validate
 from anisotropy_spark.kmeans import fit_kmeans, spark_cluster_diagnostics
+from anisotropy_spark.row_sample import RowSample
 from anisotropy_spark.session import get_spark
 from jobs.cli import run
 from jobs.config import EvaluationConfig, InputSettings, config_hash, parse_args
@@ -116,21 +118,28 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
     """Read, validate, diagnose, run the per-direction artefact test, recommend a correction and (with an
     ``evaluation`` block) score every candidate; returns the full JSON-ready report.
 
-    Passes over the table: the moments pass (which also checks every row against the input contract), the
-    quarantine extraction (only when invalid rows exist), the artefact test (only with metadata or label
-    columns), the sample, and k-means (only with ``cluster_k``). Nothing is cached; each stage logs one line.
+    Passes over the table: a count (from Delta's file statistics on a Delta table), the moments pass (which also
+    checks every row against the input contract and draws the random sample), the duplicate-id aggregate over the
+    ids, the quarantine extraction (only when invalid rows exist), the artefact test (only with metadata or label
+    columns), a sample pass (only when the moments pass could not supply the sample: duplicated ids, or fewer rows
+    drawn than needed) and k-means (only with ``cluster_k``). Nothing is cached; each stage logs one line, and the
+    sample stage's record says where its rows came from (``source``).
 
     The result's private ``_sample`` entry holds (vectors (m, d), {metadata column: (m,)}), a random sample of
     at most ``sample_size`` valid rows used for the in-memory measures and the pictures; it is not serialised.
     """
     vector_col, id_col = config.vector_col, config.id_col
     timings: list[dict] = []
-    with timed_stage(log, timings, "read"):
+    with timed_stage(log, timings, "read") as info:
         df, ref = read_table(spark, config.input, config.input_version)
         vectors = as_vector_array(df, vector_col)
-    with timed_stage(log, timings, "moments") as info:     # validation, quarantine and moments in one pass
+        require_columns(vectors.columns, config.metadata_cols + ([config.label_col] if config.label_col else []),
+                        "metadata")                  # before any pass: the moments pass carries them for the sample
+        info["rows"] = total = vectors.count()    # from Delta's file statistics; sizes the sample the next pass draws
+    with timed_stage(log, timings, "moments") as info:     # validation, quarantine, moments and sample in one pass
         checked = validate(vectors, vector_col, id_col, config.dimension, config.on_invalid, config.quarantine_path,
-                           input_version=ref.version, with_moments=True)
+                           input_version=ref.version, with_moments=True,
+                           sample=RowSample(config.sample_size, total, columns=tuple(config.metadata_cols)))
         state, valid, d = checked.moments, checked.valid, checked.dimension
         info["rows"] = state.n + checked.invalid_count
     report = diagnose(state)
@@ -139,7 +148,8 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
                                     config.artefact_directions)
         info["rows"] = state.n if config.metadata_cols or config.label_col else 0
     with timed_stage(log, timings, "sample") as info:
-        sample = sample_rows(valid, vector_col, d, config.metadata_cols, config.sample_size, total=state.n)
+        sample, info["source"] = drawn_or_sampled(checked.drawn, valid, vector_col, d, config.metadata_cols,
+                                                  config.sample_size, state.n)
         info["rows"] = int(sample[0].shape[0])
     per_cluster = None
     if config.cluster_k:

@@ -12,8 +12,9 @@ from pyspark.ml.linalg import Vectors
 from anisotropy_core import diagnose
 from anisotropy_core.diagnostics import project_on_u1
 from anisotropy_core.synthetic import cone
-from anisotropy_spark.diagnostics import PROJECTION_COL, diagnose_dataframe, with_u1_projection
+from anisotropy_spark.diagnostics import PROJECTION_COL, diagnose_dataframe, drawn_or_sampled, with_u1_projection
 from anisotropy_spark.io import InvalidRowsError, as_vector_array, infer_dimension, validate
+from anisotropy_spark.row_sample import RowSample
 from jobs import diagnose as job
 from jobs.config import ConfigError
 
@@ -84,6 +85,8 @@ def test_job_end_to_end_writes_report_and_metrics(spark, tmp_path, capsys):
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     want = diagnose(X)
     assert abs(report["metrics"]["anisotropy_A"] - want["anisotropy_A"]) < 1e-10
+    sample_stage = next(stage for stage in report["stages"] if stage["name"] == "sample")
+    assert sample_stage["source"] == "moments pass" and report["sample_size"] == 300   # all 300 rows: size 2000
     assert report["input"] == {"path": table, "format": "delta", "version": 0}
     expected_corr = abs(np.corrcoef(project_on_u1(X, want), tokens)[0, 1])
     assert abs(report["artefact"]["abs_corr"]["token_count"] - expected_corr) < 1e-9
@@ -135,8 +138,9 @@ def test_validation_pass_is_the_moments_pass(spark, tmp_path, duplicated):
     if duplicated:   # a second copy of id 7: both copies leave the valid rows
         df = df.unionByName(spark.createDataFrame([(7, [9.0, 9.0, 9.0, 9.0])], df.schema))
     plain = validate(df, "vector", "id", 4, "quarantine", str(tmp_path / "plain"))
-    fused = validate(df, "vector", "id", 4, "quarantine", str(tmp_path / "fused"), with_moments=True)
-    assert plain.moments is None
+    fused = validate(df, "vector", "id", 4, "quarantine", str(tmp_path / "fused"), with_moments=True,
+                     sample=RowSample(size=20, total=df.count(), columns=("id",)))
+    assert plain.moments is None and plain.drawn is None
     assert (fused.invalid_count, fused.invalid_by_reason) == (plain.invalid_count, plain.invalid_by_reason)
     assert fused.invalid_count == 6 + 2 * duplicated
     quarantined = [sorted(r["id"] or -1 for r in spark.read.format("delta").load(str(tmp_path / name)).collect())
@@ -149,6 +153,33 @@ def test_validation_pass_is_the_moments_pass(spark, tmp_path, duplicated):
     assert np.allclose(fused.moments.mean, X.mean(axis=0), rtol=1e-12, atol=1e-12)
     centred = X - X.mean(axis=0)
     assert np.allclose(fused.moments.comoment, centred.T @ centred, rtol=1e-10, atol=1e-10)
+    if duplicated:      # the rows drawn may hold a copy of id 7: the job then samples in a pass of its own
+        assert fused.drawn is None
+    else:               # fraction 1.5 · 20 / 56: about 27 of the 50 valid rows, and only valid rows
+        drawn = fused.drawn.to_pylist()
+        assert 10 <= len(drawn) <= 45 and all(row["vector"] == valid[row["id"]] for row in drawn)
+
+
+def test_sample_drawn_in_the_moments_pass_is_uniform_and_fixed_for_a_seed(spark):
+    """The moments pass's sample: Bernoulli at 1.5·size/total over every partition (not the first ones), the same
+    rows for the same seed and partitioning, other rows for another seed; too few rows drawn → a pass of its own."""
+    rng = np.random.default_rng(12)
+    df = spark.createDataFrame([(i, [float(x) for x in rng.normal(size=4) + 3]) for i in range(4000)],
+                               "id long, vector array<double>").repartition(4, "id")
+
+    def drawn(seed):
+        spec = RowSample(size=400, total=4000, seed=seed, columns=("id",))
+        return validate(df, "vector", "id", 4, with_moments=True, sample=spec).drawn
+
+    first, again, other = drawn(3), drawn(3), drawn(4)
+    assert first.equals(again) and not first.equals(other)
+    ids = np.array(first.column("id").to_pylist())
+    assert 450 <= ids.size <= 750                                     # 600 expected (sd 23)
+    assert abs(ids.mean() - 1999.5) < 250 and ids.min() < 400 and ids.max() > 3600
+    (vectors, columns), source = drawn_or_sampled(first, df, "vector", 4, ["id"], 400, 4000)
+    assert source == "moments pass" and vectors.shape == (400, 4) and set(columns["id"]) <= set(ids)
+    (vectors, _), source = drawn_or_sampled(first.slice(0, 399), df, "vector", 4, [], 400, 4000)
+    assert source == "sample pass" and 0 < vectors.shape[0] <= 400
 
 
 def test_dimension_inferred_as_most_common_length(spark):
