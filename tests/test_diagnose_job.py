@@ -184,6 +184,9 @@ def test_sample_drawn_in_the_moments_pass_is_uniform_and_fixed_for_a_seed(spark)
 
 def test_dimension_inferred_as_most_common_length(spark):
     assert infer_dimension(bad_rows_frame(spark), "vector") == 4
+    tie = spark.createDataFrame([(1, [1.0] * 3), (2, [1.0] * 5), (3, None), (4, [2.0] * 3), (5, [2.0] * 5)],
+                                "id long, vector array<double>")
+    assert infer_dimension(tie, "vector") == 5 and infer_dimension(tie, "vector", rows=1) == 3
 
 
 def test_empty_table_n1_and_n_below_d(spark):
