@@ -30,8 +30,8 @@ from anisotropy_core.diagnostics import Diagnosis, diagnose, plain_scalar
 from anisotropy_core.isotropy_measures import (isoscore_from_spectrum, partition_ratio, sampling_noise,
                                                sign_structure_null, uniformity)
 from anisotropy_core.report import CLUSTER_KEYS, cell_text, write_report_assets
-from anisotropy_spark.diagnostics import DEFAULT_DIRECTIONS, drawn_or_sampled, pair_alignment, u1_artefact_test
 from anisotropy_spark.contract import require_columns
+from anisotropy_spark.diagnostics import DEFAULT_DIRECTIONS, drawn_or_sampled, pair_alignment, u1_artefact_test
 from anisotropy_spark.io import as_vector_array, read_table, validate
 from anisotropy_spark.kmeans import fit_kmeans, spark_cluster_diagnostics
 from anisotropy_spark.row_sample import RowSample
@@ -135,7 +135,7 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
         vectors = as_vector_array(df, vector_col)
         require_columns(vectors.columns, config.metadata_cols + ([config.label_col] if config.label_col else []),
                         "metadata")                  # before any pass: the moments pass carries them for the sample
-        info["rows"] = total = vectors.count()    # from Delta's file statistics; sizes the sample the next pass draws
+        info["rows"] = total = vectors.count()    # Delta answers from its file statistics; sizes the sample drawn next
     with timed_stage(log, timings, "moments") as info:     # validation, quarantine, moments and sample in one pass
         checked = validate(vectors, vector_col, id_col, config.dimension, config.on_invalid, config.quarantine_path,
                            input_version=ref.version, with_moments=True,
