@@ -22,9 +22,9 @@ from .contract import InvalidRowsError, Tally, check_batch
 from .row_sample import PartitionSampler, RowSample, rows_of_payloads
 from .tree_reduce import tree_reduce
 
-STATE_SCHEMA = "n long, payload binary, tally string, sample binary"
+STATE_SCHEMA = "n long, payload binary, tally string, partition int, sample binary"
 _ARROW_STATE_SCHEMA = pa.schema([("n", pa.int64()), ("payload", pa.binary()), ("tally", pa.string()),
-                                 ("sample", pa.binary())])
+                                 ("partition", pa.int32()), ("sample", pa.binary())])
 
 
 def partition_moments(vector_col: str, id_col: str | None, dimension: int, sample: RowSample | None = None):
@@ -33,8 +33,8 @@ def partition_moments(vector_col: str, id_col: str | None, dimension: int, sampl
     valid rows it drew (:class:`~.row_sample.PartitionSampler`)."""
 
     def fold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        state, tally = Moments.empty(dimension), Tally()
-        sampler = PartitionSampler(sample, vector_col, TaskContext.get().partitionId()) if sample else None
+        state, tally, partition = Moments.empty(dimension), Tally(), TaskContext.get().partitionId()
+        sampler = PartitionSampler(sample, vector_col, partition) if sample else None
         for batch in batches:
             if batch.num_rows:
                 checked = check_batch(batch, vector_col, id_col, dimension)
@@ -43,7 +43,7 @@ def partition_moments(vector_col: str, id_col: str | None, dimension: int, sampl
                 if sampler:
                     sampler.add(batch, checked.valid)
         yield pa.RecordBatch.from_pydict({"n": [state.n], "payload": [state.to_bytes()], "tally": [tally.to_json()],
-                                          "sample": [sampler.payload() if sampler else None]},
+                                          "partition": [partition], "sample": [sampler.payload() if sampler else None]},
                                          schema=_ARROW_STATE_SCHEMA)
 
     return fold
@@ -52,14 +52,17 @@ def partition_moments(vector_col: str, id_col: str | None, dimension: int, sampl
 def checked_moments(df: DataFrame, vector_col: str, id_col: str | None, dimension: int,
                     sample: RowSample | None = None) -> tuple[Moments, Tally, pa.Table | None]:
     """One pass over ``df`` (vectors ``array<float|double>``) → (Moments of the valid rows, Tally of the rest, the
-    valid rows drawn for ``sample`` — its vector and ``columns`` — or None without ``sample`` or when none was drawn)."""
+    valid rows drawn for ``sample`` — its vector and ``columns`` — or None without ``sample`` or when none was drawn).
+
+    The drawn rows come in partition order: ``treeReduce``'s shuffled levels combine states in the order their
+    blocks arrive, so each task's rows travel with its partition index and are sorted by it on the driver."""
     columns = list(dict.fromkeys([vector_col] + ([id_col] if id_col else []) + list(sample.columns if sample else [])))
     states = df.select(*columns).mapInArrow(partition_moments(vector_col, id_col, dimension, sample), STATE_SCHEMA)
     state, tally, drawn = tree_reduce(
         states.rdd.map(lambda row: (Moments.from_bytes(bytes(row["payload"])), Tally.from_json(row["tally"]),
-                                    [bytes(row["sample"])] if row["sample"] is not None else [])),
+                                    [(row["partition"], bytes(row["sample"]))] if row["sample"] is not None else [])),
         lambda a, b: (a[0].merge(b[0]), a[1].merge(b[1]), a[2] + b[2]))
-    return state, tally, rows_of_payloads(drawn)
+    return state, tally, rows_of_payloads([payload for _, payload in sorted(drawn)])
 
 
 def corpus_moments(df: DataFrame, vector_col: str, dimension: int) -> Moments:

@@ -161,11 +161,12 @@ def test_validation_pass_is_the_moments_pass(spark, tmp_path, duplicated):
 
 
 def test_sample_drawn_in_the_moments_pass_is_uniform_and_fixed_for_a_seed(spark):
-    """The moments pass's sample: Bernoulli at 1.5·size/total over every partition (not the first ones), the same
-    rows for the same seed and partitioning, other rows for another seed; too few rows drawn → a pass of its own."""
+    """The moments pass's sample: Bernoulli at 1.5·size/total over every partition (not the first ones), in partition
+    order although 64 partitions make ``treeReduce`` shuffle the states once, the same rows for the same seed and
+    partitioning, other rows for another seed; too few rows drawn → a pass of its own."""
     rng = np.random.default_rng(12)
     df = spark.createDataFrame([(i, [float(x) for x in rng.normal(size=4) + 3]) for i in range(4000)],
-                               "id long, vector array<double>").repartition(4, "id")
+                               "id long, vector array<double>").repartition(64, "id")
 
     def drawn(seed):
         spec = RowSample(size=400, total=4000, seed=seed, columns=("id",))
@@ -176,6 +177,9 @@ def test_sample_drawn_in_the_moments_pass_is_uniform_and_fixed_for_a_seed(spark)
     ids = np.array(first.column("id").to_pylist())
     assert 450 <= ids.size <= 750                                     # 600 expected (sd 23)
     assert abs(ids.mean() - 1999.5) < 250 and ids.min() < 400 and ids.max() > 3600
+    partition_of = dict(df.rdd.mapPartitionsWithIndex(lambda i, rows: ((row["id"], i) for row in rows)).collect())
+    order = [partition_of[i] for i in ids]
+    assert order == sorted(order) and len(set(order)) > 48
     (vectors, columns), source = drawn_or_sampled(first, df, "vector", 4, ["id"], 400, 4000)
     assert source == "moments pass" and vectors.shape == (400, 4) and set(columns["id"]) <= set(ids)
     (vectors, _), source = drawn_or_sampled(first.slice(0, 399), df, "vector", 4, [], 400, 4000)
