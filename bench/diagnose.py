@@ -3,8 +3,12 @@
     .venv/bin/python -m bench.diagnose [--rows 200000] [--dim 256 | --corpus DIR] [--repeats 2] [--tmp DIR]
 
 All compute the full centred covariance + eigendecomposition of the same float32 Parquet corpus:
-  floor   — one process: pyarrow reads each Parquet file's batches as float32 numpy, Moments per batch in
-            float64, merged (Chan), then diagnose (the same accumulation as ours, no Spark)
+  floor   — one process, one thread per core of the Spark session (its default parallelism): pyarrow reads the
+            Parquet row groups' batches as float32 numpy, each thread folds its row groups' batches into Moments in
+            float64 with single-threaded BLAS, merged (Chan), then diagnose (the same accumulation as ours, no
+            Spark): the strongest single-process form measured here, and the anchor of every ratio
+  loop    — the same in one loop over the batches, numpy's BLAS with its own threads (the floor of the bench rows
+            before 2026-12-07 07:00; its ratios are printed too)
   scan    — the part of ``ours`` that is Spark's, no math: Parquet → Arrow batches (float32) into the Python
             workers, which only count rows (the JVM decode + JVM→Python transfer and the tasks' start-up that
             ``ours`` pays on top of the floor's work)
@@ -35,9 +39,10 @@ from bench.common import add_corpus_arguments, corpus, parquet_moments, print_ra
 from jobs.diagnose import DiagnoseConfig, run_diagnosis, write_outputs
 
 
-def parquet_floor(files: list[pathlib.Path], dim: int) -> dict:
-    """Single-process pyarrow + numpy moments over the Parquet ``files`` (float32 read, float64 accumulation)."""
-    return diagnose(parquet_moments(files, dim))
+def parquet_floor(files: list[pathlib.Path], dim: int, threads: int) -> dict:
+    """Single-process pyarrow + numpy moments over the Parquet ``files`` (float32 read, float64 accumulation) in
+    ``threads`` threads (:func:`bench.common.parquet_moments`), then diagnose."""
+    return diagnose(parquet_moments(files, dim, threads))
 
 
 def count_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -63,7 +68,10 @@ def main() -> None:
                                 output_dir=str(pathlib.Path(tmp) / "report"))
 
         def floor():
-            return parquet_floor(found.files, args.dim)["top1_var"]
+            return parquet_floor(found.files, args.dim, spark.sparkContext.defaultParallelism)["top1_var"]
+
+        def loop():
+            return parquet_floor(found.files, args.dim, 1)["top1_var"]
 
         def scan():
             return found.read(spark).select("vector").mapInArrow(count_rows, "rows long").agg(
@@ -85,12 +93,14 @@ def main() -> None:
         def numpy_in_memory():
             return diagnose(X)["top1_var"]
 
-        runs = {"floor": floor, "scan": scan, "ours": ours, "job": job, "mllib": mllib, "numpy": numpy_in_memory}
+        runs = {"floor": floor, "loop": loop, "scan": scan, "ours": ours, "job": job, "mllib": mllib, "numpy": numpy_in_memory}
         skip = set(args.skip) | ({"numpy"} if X is None else set())
         seconds, answers = time_in_rounds({k: v for k, v in runs.items() if k not in skip}, args.repeats)
     print(f"corpus: {args.rows} x {args.dim} float32, Spark local[2]; best of {args.repeats}")
     print("top-1 variance share  " + "  ".join(f"{k} {v:.6f}" for k, v in answers.items() if k != "scan"))
     print_ratios(seconds, args.rows, baseline="floor")
+    print("time ratio to loop  " + "  ".join(f"{name} {min(times) / min(seconds['loop']):.2f}"
+                                             for name, times in seconds.items() if name != "loop"))
     spark.stop()
 
 
