@@ -8,7 +8,7 @@ All compute the full centred covariance + eigendecomposition of the same float32
             float64 with single-threaded BLAS, merged (Chan), then diagnose (the same accumulation as ours, no
             Spark): the strongest single-process form measured here from 1,000,000 × 384 up
   loop    — the same in one loop over the batches, numpy's BLAS with its own threads (the floor of the bench rows
-            before 2026-12-07 07:00; faster than ``floor`` on small corpora, where starting threads costs more)
+            before commit f7c5d78; faster than ``floor`` on small corpora, where starting threads costs more)
   scan    — the part of ``ours`` that is Spark's, no math: Parquet → Arrow batches (float32) into the Python
             workers, which only count rows (the JVM decode + JVM→Python transfer and the tasks' start-up that
             ``ours`` pays on top of the floor's work)
@@ -94,7 +94,8 @@ def main() -> None:
         def numpy_in_memory():
             return diagnose(X)["top1_var"]
 
-        runs = {"floor": floor, "loop": loop, "scan": scan, "ours": ours, "job": job, "mllib": mllib, "numpy": numpy_in_memory}
+        runs = {"floor": floor, "loop": loop, "scan": scan, "ours": ours, "job": job, "mllib": mllib,
+                "numpy": numpy_in_memory}
         skip = set(args.skip) | ({"numpy"} if X is None else set())
         seconds, answers = time_in_rounds({k: v for k, v in runs.items() if k not in skip}, args.repeats)
     print(f"corpus: {args.rows} x {args.dim} float32, Spark local[2]; best of {args.repeats}")
