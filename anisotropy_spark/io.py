@@ -28,6 +28,7 @@ from .contract import REASON_COLUMN, InvalidRowsError, SchemaError, Tally, check
 from .moments import checked_moments, corpus_moments
 from .quarantine import Duplicates, find_duplicates, write_quarantine
 from .row_sample import RowSample
+from .table_files import TableFiles
 from .tree_reduce import tree_reduce
 
 INFER_ROWS = 10_000
@@ -167,6 +168,7 @@ class ValidatedInput:
     invalid_by_reason: dict[str, int]
     moments: Moments | None = None     # the valid rows' merged moments (``with_moments``), else None
     drawn: pa.Table | None = None      # valid rows drawn in the moments pass for ``sample`` (see :func:`validate`)
+    reader: str | None = None          # what read the moments pass (``with_moments``): "pyarrow" or "spark (…)"
 
 
 def require_column(df: DataFrame, column: str, role: str) -> None:
@@ -177,7 +179,7 @@ def require_column(df: DataFrame, column: str, role: str) -> None:
 def validate(df: DataFrame, vector_col: str, id_col: str, dimension: int | None = None,
              on_invalid: str = "error", quarantine_path: str | None = None, *, run_id: str | None = None,
              input_version: int | None = None, with_moments: bool = False,
-             sample: RowSample | None = None) -> ValidatedInput:
+             sample: RowSample | None = None, files: TableFiles | None = None) -> ValidatedInput:
     """Count the invalid rows of ``df`` (one pass over id + vector, nothing cached) and the duplicated ids among
     the others (one aggregate over the ids), act on them (:func:`settle_invalid`) and return the valid rows:
     neither invalid nor sharing an id.
@@ -187,13 +189,15 @@ def validate(df: DataFrame, vector_col: str, id_col: str, dimension: int | None 
     the result's ``moments`` holds them, recomputed in one more pass only when duplicated ids were set aside.
     ``sample`` (with ``with_moments``): that pass also draws a random sample of the valid rows (:mod:`.row_sample`),
     the result's ``drawn``; None when duplicated ids were set aside (the rows drawn may hold them).
+    ``files`` (with ``with_moments``): ``df``'s data files, which pyarrow then reads for that pass where it can
+    (:func:`~anisotropy_spark.moments.checked_moments`); the result's ``reader`` says which reader ran.
     """
     if on_invalid not in ("error", "quarantine"):
         raise ValueError(f"on_invalid must be 'error' or 'quarantine', got {on_invalid!r}")
     require_column(df, id_col, "id")
     d = dimension if dimension is not None else infer_dimension(df, vector_col)
-    state, tally, drawn = checked_moments(df, vector_col, id_col, d, sample) if with_moments else \
-        (None, count_invalid(df, vector_col, id_col, d), None)
+    state, tally, drawn, reader = checked_moments(df, vector_col, id_col, d, sample, files) if with_moments else \
+        (None, count_invalid(df, vector_col, id_col, d), None, None)
     valid = valid_rows(df, vector_col, id_col, d, tally)
     duplicates = find_duplicates(valid, id_col)
     settle_invalid(df, tally, vector_col, id_col, d, on_invalid, quarantine_path, duplicates=duplicates,
@@ -202,7 +206,8 @@ def validate(df: DataFrame, vector_col: str, id_col: str, dimension: int | None 
     found = tally.merge(duplicates.tally)
     if state is not None and duplicates.tally.total:
         state, drawn = corpus_moments(valid, vector_col, d), None
+        reader += "; the moments again through Spark, without the duplicated ids"
     if valid.isEmpty() if state is None else state.n == 0:
         raise InvalidRowsError(f"no valid rows left in column {vector_col!r} after validation ({found.counts})")
     return ValidatedInput(valid=valid, dimension=d, invalid_count=found.total, invalid_by_reason=found.counts,
-                          moments=state, drawn=drawn)
+                          moments=state, drawn=drawn, reader=reader)

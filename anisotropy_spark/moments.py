@@ -7,19 +7,23 @@ left out of the moments and counted in a :class:`~anisotropy_spark.contract.Tall
 every vector for its moments validates them without a pass of its own. It can also draw the random sample of valid
 rows that diagnose needs (:mod:`.row_sample`), so diagnose reads the vectors once. ``array<float>`` vectors reach the
 workers as float32 and are cast to float64 one batch at a time.
+
+The batches come from Spark's scan (``mapInArrow``) or, given the table's data files, from pyarrow reading each file
+in a Spark task of its own (:mod:`.table_files`: no row → Arrow conversion on the JVM); the fold is the same.
 """
 from __future__ import annotations
 
 from typing import Iterator
 
 import pyarrow as pa
-from pyspark import TaskContext
-from pyspark.sql import DataFrame
+from pyspark import RDD, TaskContext
+from pyspark.sql import DataFrame, SparkSession
 
 from anisotropy_core.moments import Moments
 
 from .contract import InvalidRowsError, Tally, check_batch
 from .row_sample import PartitionSampler, RowSample, rows_of_payloads
+from .table_files import TableFiles, pyarrow_or_spark
 from .tree_reduce import tree_reduce
 
 STATE_SCHEMA = "n long, payload binary, tally string, partition int, sample binary"
@@ -27,47 +31,89 @@ _ARROW_STATE_SCHEMA = pa.schema([("n", pa.int64()), ("payload", pa.binary()), ("
                                  ("partition", pa.int32()), ("sample", pa.binary())])
 
 
+def fold_partition(batches: Iterator[pa.RecordBatch], vector_col: str, id_col: str | None, dimension: int,
+                   sample: RowSample | None = None) -> dict:
+    """One partition's Arrow batches → one state row (:data:`STATE_SCHEMA`): its valid rows' Moments, the Tally of
+    its invalid rows (``id_col`` None: no ``null_id`` check and no sample ids) and, with ``sample``, the valid rows it
+    drew (:class:`~.row_sample.PartitionSampler`), with its partition index."""
+    state, tally, partition = Moments.empty(dimension), Tally(), TaskContext.get().partitionId()
+    sampler = PartitionSampler(sample, vector_col, partition) if sample else None
+    for batch in batches:
+        if batch.num_rows:
+            checked = check_batch(batch, vector_col, id_col, dimension)
+            tally.add(checked, batch.column(batch.schema.get_field_index(id_col)) if id_col else None)
+            state = state.merge(Moments.of_batch(checked.matrix))
+            if sampler:
+                sampler.add(batch, checked.valid)
+    return {"n": state.n, "payload": state.to_bytes(), "tally": tally.to_json(), "partition": partition,
+            "sample": sampler.payload() if sampler else None}
+
+
 def partition_moments(vector_col: str, id_col: str | None, dimension: int, sample: RowSample | None = None):
-    """Return a ``mapInArrow`` function folding a partition into one row: its valid rows' Moments, the
-    Tally of its invalid rows (``id_col`` None: no ``null_id`` check and no sample ids) and, with ``sample``, the
-    valid rows it drew (:class:`~.row_sample.PartitionSampler`)."""
+    """Return a ``mapInArrow`` function folding a partition into one row (:func:`fold_partition`)."""
 
     def fold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        state, tally, partition = Moments.empty(dimension), Tally(), TaskContext.get().partitionId()
-        sampler = PartitionSampler(sample, vector_col, partition) if sample else None
-        for batch in batches:
-            if batch.num_rows:
-                checked = check_batch(batch, vector_col, id_col, dimension)
-                tally.add(checked, batch.column(batch.schema.get_field_index(id_col)) if id_col else None)
-                state = state.merge(Moments.of_batch(checked.matrix))
-                if sampler:
-                    sampler.add(batch, checked.valid)
-        yield pa.RecordBatch.from_pydict({"n": [state.n], "payload": [state.to_bytes()], "tally": [tally.to_json()],
-                                          "partition": [partition], "sample": [sampler.payload() if sampler else None]},
+        yield pa.RecordBatch.from_pylist([fold_partition(batches, vector_col, id_col, dimension, sample)],
                                          schema=_ARROW_STATE_SCHEMA)
 
     return fold
 
 
 def checked_moments(df: DataFrame, vector_col: str, id_col: str | None, dimension: int,
-                    sample: RowSample | None = None) -> tuple[Moments, Tally, pa.Table | None]:
+                    sample: RowSample | None = None,
+                    files: TableFiles | None = None) -> tuple[Moments, Tally, pa.Table | None, str]:
     """One pass over ``df`` (vectors ``array<float|double>``) → (Moments of the valid rows, Tally of the rest, the
-    valid rows drawn for ``sample`` — its vector and ``columns`` — or None without ``sample`` or when none was drawn).
+    valid rows drawn for ``sample`` — its vector and ``columns`` — or None without ``sample`` or when none was drawn,
+    the reader that ran).
+
+    ``files``: ``df``'s data files (:func:`~.table_files.table_files`): pyarrow reads them in one task per file
+    where it can (:func:`~.table_files.pyarrow_or_spark`; reader ``"pyarrow"``), else Spark's scan reads ``df``
+    (``"spark (<why>)"``; ``"spark"`` without ``files``). Either way the batches have Spark's Arrow batch size.
 
     The drawn rows come in partition order: ``treeReduce``'s shuffled levels combine states in the order their
     blocks arrive, so each task's rows travel with its partition index and are sorted by it on the driver."""
     columns = list(dict.fromkeys([vector_col] + ([id_col] if id_col else []) + list(sample.columns if sample else [])))
-    states = df.select(*columns).mapInArrow(partition_moments(vector_col, id_col, dimension, sample), STATE_SCHEMA)
+
+    def read_spark():
+        return _merged(df.select(*columns).mapInArrow(partition_moments(vector_col, id_col, dimension, sample),
+                                                      STATE_SCHEMA).rdd)
+
+    if files is None:
+        return (*read_spark(), "spark")
+
+    def read_files(found: TableFiles):
+        spark = df.sparkSession
+        rows = arrow_batch_rows(spark, dimension, found.schema.field(vector_col).type.value_type.bit_width // 8)
+        return _merged(found.fold(spark, columns, rows,
+                                  lambda batches: fold_partition(batches, vector_col, id_col, dimension, sample)))
+
+    (state, tally, drawn), reader = pyarrow_or_spark(files, columns, read_files, read_spark,
+                                                     lambda result: result[0].n + result[1].total)
+    return state, tally, drawn, reader
+
+
+def arrow_batch_rows(spark: SparkSession, dimension: int, item_bytes: int) -> int:
+    """The rows per Arrow batch Spark's own scan would send: ``maxRecordsPerBatch`` (≤ 0: no limit), at most
+    ``maxBytesPerBatch`` of vector data (``dimension`` elements of ``item_bytes`` each)."""
+    records = int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000"))
+    budget = int(spark.conf.get("spark.sql.execution.arrow.maxBytesPerBatch", str(2**31 - 1)))
+    by_bytes = max(1, budget // max(1, dimension * item_bytes))
+    return min(records, by_bytes) if records > 0 else by_bytes
+
+
+def _merged(states: RDD) -> tuple[Moments, Tally, pa.Table | None]:
+    """The state rows of :func:`fold_partition` (Rows or dicts) merged by ``treeReduce`` → (Moments, Tally, the
+    drawn rows in partition order or None)."""
     state, tally, drawn = tree_reduce(
-        states.rdd.map(lambda row: (Moments.from_bytes(bytes(row["payload"])), Tally.from_json(row["tally"]),
-                                    [(row["partition"], bytes(row["sample"]))] if row["sample"] is not None else [])),
+        states.map(lambda row: (Moments.from_bytes(bytes(row["payload"])), Tally.from_json(row["tally"]),
+                                [(row["partition"], bytes(row["sample"]))] if row["sample"] is not None else [])),
         lambda a, b: (a[0].merge(b[0]), a[1].merge(b[1]), a[2] + b[2]))
     return state, tally, rows_of_payloads([payload for _, payload in sorted(drawn)])
 
 
 def corpus_moments(df: DataFrame, vector_col: str, dimension: int) -> Moments:
     """Moments of ``df``'s vectors; raises :class:`InvalidRowsError` (with the reason counts) if any is invalid."""
-    state, tally, _ = checked_moments(df, vector_col, None, dimension)
+    state, tally, _, _ = checked_moments(df, vector_col, None, dimension)
     if tally.total:
         raise InvalidRowsError(f"{tally.total} invalid vector(s) in column {vector_col!r} (dimension {dimension}): "
                                f"{dict(sorted(tally.counts.items()))}")

@@ -12,8 +12,13 @@ All compute the full centred covariance + eigendecomposition of the same float32
   scan    — the part of ``ours`` that is Spark's, no math: Parquet → Arrow batches (float32) into the Python
             workers, which only count rows (the JVM decode + JVM→Python transfer and the tasks' start-up that
             ``ours`` pays on top of the floor's work)
-  ours    — Parquet → Arrow batches (float32) → contract check + numpy Moments per partition → treeReduce → eigh
+  ours    — the moments pass as ``jobs.diagnose`` runs it by default (``vector_reader: auto``): the pinned table's row
+            count and data files (:func:`anisotropy_spark.table_files.table_files`), then one Spark task per file
+            in which pyarrow reads the file's batches (float32) → contract check + numpy Moments → treeReduce → eigh
+  spark   — the same pass with Spark's scan reading the table (``vector_reader: spark``; ``ours`` in the bench rows
+            before the pyarrow reader): Parquet → Arrow batches via ``mapInArrow`` → the same fold
   job     — the whole ``jobs.diagnose`` run without clusters or metadata (read, moments, sample, report files)
+  job_spark — the same with ``vector_reader: spark``
   mllib   — Parquet → VectorUDT → pyspark.ml.feature.PCA(k=10).fit (RowMatrix covariance on the JVM)
   numpy   — the corpus already in this process's memory → Moments.of_batch → diagnose (not with --corpus)
 Each runs once as a warm-up, then ``repeats`` rounds run each once (:func:`bench.common.time_in_rounds`); the best
@@ -23,6 +28,7 @@ a last line gives the ratios to the other one.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib
 import tempfile
 from typing import Iterator
@@ -34,8 +40,11 @@ from pyspark.sql import functions as F
 
 from anisotropy_core import diagnose
 from anisotropy_spark.diagnostics import diagnose_dataframe
+from anisotropy_spark.io import read_table
+from anisotropy_spark.moments import checked_moments
 from anisotropy_spark.python_worker import install_in_python_worker
 from anisotropy_spark.session import get_spark
+from anisotropy_spark.table_files import table_files
 from bench.common import add_corpus_arguments, corpus, parquet_moments, print_ratios, time_in_rounds
 from jobs.diagnose import DiagnoseConfig, run_diagnosis, write_outputs
 
@@ -79,11 +88,19 @@ def main() -> None:
                 F.sum("rows")).first()[0]
 
         def ours():
+            df, ref = read_table(spark, str(found.path))
+            files, _ = table_files(spark, df, ref.path, ref.format, "vector", df.count())
+            state, _, _, reader = checked_moments(df, "vector", None, args.dim, files=files)
+            readers.add(reader)
+            return diagnose(state)["top1_var"]
+
+        def spark_scan():
             return diagnose_dataframe(found.read(spark), "vector", args.dim)["top1_var"]
 
-        def job():
-            result = run_diagnosis(spark, config)
-            write_outputs(spark, config, result)
+        def job(settings=config):
+            result = run_diagnosis(spark, settings)
+            write_outputs(spark, settings, result)
+            readers.add(next(stage["reader"] for stage in result["stages"] if stage["name"] == "moments"))
             return result["metrics"]["top1_var"]
 
         def mllib():
@@ -94,11 +111,14 @@ def main() -> None:
         def numpy_in_memory():
             return diagnose(X)["top1_var"]
 
-        runs = {"floor": floor, "loop": loop, "scan": scan, "ours": ours, "job": job, "mllib": mllib,
+        readers = set()
+        runs = {"floor": floor, "loop": loop, "scan": scan, "ours": ours, "spark": spark_scan, "job": job,
+                "job_spark": lambda: job(dataclasses.replace(config, vector_reader="spark")), "mllib": mllib,
                 "numpy": numpy_in_memory}
         skip = set(args.skip) | ({"numpy"} if X is None else set())
         seconds, answers = time_in_rounds({k: v for k, v in runs.items() if k not in skip}, args.repeats)
-    print(f"corpus: {args.rows} x {args.dim} float32, Spark local[2]; best of {args.repeats}")
+    print(f"corpus: {args.rows} x {args.dim} float32, Spark local[2]; best of {args.repeats}; moments readers: "
+          + "; ".join(sorted(readers)))
     print("top-1 variance share  " + "  ".join(f"{k} {v:.6f}" for k, v in answers.items() if k != "scan"))
     anchor, other = sorted(("floor", "loop"), key=lambda name: min(seconds[name]))   # the faster one is the anchor
     print_ratios(seconds, args.rows, baseline=anchor)

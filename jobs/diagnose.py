@@ -36,6 +36,7 @@ from anisotropy_spark.io import as_vector_array, read_table, validate
 from anisotropy_spark.kmeans import fit_kmeans, spark_cluster_diagnostics
 from anisotropy_spark.row_sample import RowSample
 from anisotropy_spark.session import get_spark
+from anisotropy_spark.table_files import table_files
 from jobs.cli import run
 from jobs.config import EvaluationConfig, InputSettings, config_hash, parse_args
 from jobs.evaluation import evaluation_markdown, run_evaluation
@@ -86,6 +87,7 @@ class DiagnoseConfig(InputSettings):
     """Settings of the diagnosis job (conf/diagnose.yaml)."""
 
     input_version: int | None = None
+    vector_reader: Literal["auto", "spark", "pyarrow"] = "auto"
     metadata_cols: list[str] = dataclasses.field(default_factory=list)
     label_col: str | None = None
     pairs: str | None = None
@@ -119,7 +121,8 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
     ``evaluation`` block) score every candidate; returns the full JSON-ready report.
 
     Passes over the table: a count (from Delta's file statistics on a Delta table), the moments pass (which also
-    checks every row against the input contract and draws the random sample), the duplicate-id aggregate over the
+    checks every row against the input contract and draws the random sample; pyarrow reads the data files in Spark
+    tasks where it can, ``vector_reader``, :mod:`anisotropy_spark.table_files`: its stage record's ``reader``), the duplicate-id aggregate over the
     ids, the quarantine extraction (only when invalid rows exist), the artefact test (only with metadata or label
     columns), a sample pass (only when the moments pass could not supply the sample: duplicated ids, or fewer rows
     drawn than needed) and k-means (only with ``cluster_k``). Nothing is cached; each stage logs one line, and the
@@ -136,12 +139,14 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
         require_columns(vectors.columns, config.metadata_cols + ([config.label_col] if config.label_col else []),
                         "metadata")                  # before any pass: the moments pass carries them for the sample
         info["rows"] = total = vectors.count()    # Delta answers from its file statistics; sizes the sample drawn next
+        files, planned = table_files(spark, df, ref.path, ref.format, vector_col, total, config.vector_reader)
     with timed_stage(log, timings, "moments") as info:     # validation, quarantine, moments and sample in one pass
         checked = validate(vectors, vector_col, id_col, config.dimension, config.on_invalid, config.quarantine_path,
                            input_version=ref.version, with_moments=True,
-                           sample=RowSample(config.sample_size, total, columns=tuple(config.metadata_cols)))
+                           sample=RowSample(config.sample_size, total, columns=tuple(config.metadata_cols)),
+                           files=files)
         state, valid, d = checked.moments, checked.valid, checked.dimension
-        info["rows"] = state.n + checked.invalid_count
+        info["rows"], info["reader"] = state.n + checked.invalid_count, checked.reader if files else planned
     report = diagnose(state)
     with timed_stage(log, timings, "artefact") as info:
         artefact = u1_artefact_test(valid, vector_col, report, config.metadata_cols, config.label_col,

@@ -13,7 +13,8 @@ from typing import Any, Iterator
 
 @contextlib.contextmanager
 def timed_stage(log: logging.Logger, timings: list[dict], name: str, position: str = "") -> Iterator[dict]:
-    """Time the body; it may set ``info["rows"]``. Appends ``{"name", "seconds"[, "rows"]}`` to ``timings``."""
+    """Time the body; it may set ``info["rows"]`` and other keys (logged as ``key=value``). Appends ``{"name",
+    "seconds"[, "rows", …]}`` to ``timings``."""
     info: dict[str, Any] = {"name": name}
     start = time.perf_counter()
     try:
@@ -22,4 +23,5 @@ def timed_stage(log: logging.Logger, timings: list[dict], name: str, position: s
         info["seconds"] = round(time.perf_counter() - start, 3)
         timings.append(info)
         rows = f"{info['rows']} rows, " if "rows" in info else ""
-        log.info("%s%s: %s%.2fs", f"[{position}] " if position else "", name, rows, info["seconds"])
+        extra = "".join(f", {key}={value}" for key, value in info.items() if key not in ("name", "rows", "seconds"))
+        log.info("%s%s: %s%.2fs%s", f"[{position}] " if position else "", name, rows, info["seconds"], extra)
