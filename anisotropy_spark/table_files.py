@@ -81,11 +81,12 @@ class TableFiles:
         return spark.sparkContext.parallelize(self.uris, len(self.uris)).mapPartitions(task)
 
 
-def table_files(spark: SparkSession, df: DataFrame, path: str, table_format: str, vector_col: str, rows: int,
+def table_files(spark: SparkSession, df: DataFrame, path: str, table_format: str, vector_col: str, rows: int | None,
                 reader: str = "auto") -> tuple[TableFiles | None, str]:
     """(the data files of ``df``, the table at ``path`` (``table_format`` delta|parquet) read at a pinned version
-    with ``rows`` rows, or None; the reader the moments pass will use: ``"pyarrow"`` or ``"spark"`` with the
-    reason). ``reader``: ``auto``, ``spark`` or ``pyarrow`` (raises :class:`FileLayoutError` when unusable)."""
+    with ``rows`` rows (None: counted here, when the files are usable), or None; the reader the moments pass will
+    use: ``"pyarrow"`` or ``"spark"`` with the reason). ``reader``: ``auto``, ``spark`` or ``pyarrow`` (raises
+    :class:`FileLayoutError` when unusable)."""
     if reader not in READERS:
         raise ValueError(f"vector_reader must be one of {READERS}, got {reader!r}")
     if reader == "spark":
@@ -99,7 +100,8 @@ def table_files(spark: SparkSession, df: DataFrame, path: str, table_format: str
             raise FileLayoutError(f"vector_reader: pyarrow cannot read {path}: {why_not}")
         return None, f"spark ({why_not})"
     schema = to_arrow_schema(df.schema)
-    return TableFiles(uris, rows, schema, first_columns, required=reader == "pyarrow"), "pyarrow"
+    return TableFiles(uris, df.count() if rows is None else rows, schema, first_columns,
+                      required=reader == "pyarrow"), "pyarrow"
 
 
 def _why_not_pyarrow(spark: SparkSession, df: DataFrame, path: str, table_format: str, vector_col: str) -> str | None:

@@ -27,6 +27,7 @@ class NightlyConfig(InputSettings):
 
     output: str
     on_invalid: Literal["error", "quarantine"] = "quarantine"
+    vector_reader: Literal["auto", "spark", "pyarrow"] = "auto"
     output_vector_col: str | None = None
     output_dtype: Literal["same", "float32", "float64"] = "same"
     metadata_cols: list[str] = dataclasses.field(default_factory=list)

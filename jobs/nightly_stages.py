@@ -25,6 +25,7 @@ from anisotropy_spark.io import TableRef, ValidatedInput, as_vector_array, read_
 from anisotropy_spark.kmeans import fit_cluster_recenter
 from anisotropy_spark.publish import OutputState, PublishTarget, only_appends, output_state, publish
 from anisotropy_spark.quarantine import DUPLICATE_ID
+from anisotropy_spark.table_files import table_files
 from jobs import evaluation
 from jobs.apply import VERSION_COLUMN
 from jobs.config import ConfigError
@@ -97,14 +98,17 @@ def read(ctx: NightlyContext, info: dict) -> None:
 
 def validate_input(ctx: NightlyContext, info: dict) -> None:
     """Quarantine (with a reason, the run id and the input version) or refuse the invalid rows and every copy
-    of a duplicated id, in the pass that also merges the valid rows' moments for :func:`diagnose`; see
+    of a duplicated id, in the pass that also merges the valid rows' moments for :func:`diagnose` (read by pyarrow
+    from the data files where it can: ``vector_reader``, :mod:`anisotropy_spark.table_files`); see
     :func:`anisotropy_spark.io.validate`."""
     config = ctx.config
+    files, planned = table_files(ctx.spark, ctx.input_df, ctx.ref.path, ctx.ref.format, config.vector_col, None,
+                                 config.vector_reader)
     ctx.checked = validate(as_vector_array(ctx.input_df, config.vector_col), config.vector_col, config.id_col,
                            config.dimension, config.on_invalid, config.quarantine_path,
-                           run_id=ctx.record["run_id"], input_version=ctx.ref.version, with_moments=True)
+                           run_id=ctx.record["run_id"], input_version=ctx.ref.version, with_moments=True, files=files)
     ctx.valid, ctx.moments = ctx.checked.valid, ctx.checked.moments
-    info["rows"] = ctx.moments.n + ctx.checked.invalid_count
+    info["rows"], info["reader"] = ctx.moments.n + ctx.checked.invalid_count, ctx.checked.reader if files else planned
     ctx.record["counts"].update(invalid_rows=ctx.checked.invalid_count,
                                 invalid_by_reason=ctx.checked.invalid_by_reason)
 

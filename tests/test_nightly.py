@@ -61,6 +61,11 @@ def record(tmp_path, status=None) -> dict:
     return records[-1]
 
 
+def stage(run: dict, name: str) -> dict:
+    """The run record's entry for stage ``name``."""
+    return next(entry for entry in run["stages"] if entry["name"] == name)
+
+
 def table(spark, path, version=None) -> dict:
     """{id: corrected vector (d,)} of the output table (at ``version``)."""
     reader = spark.read.format("delta")
@@ -88,6 +93,7 @@ def test_publish_noop_gate_incremental_rollback(spark, tmp_path):
     D_chosen = first["recommendation"]["D"]
     assert D_chosen == 1 and first["applied"]["params"]["D"] == 1 and first["applied"]["refitted"]
     assert first["counts"]["invalid_rows"] == 3 and first["counts"]["output_rows"] == N
+    assert stage(first, "validate")["reader"] == "pyarrow"           # the moments pass read the data files
     expected = fit_abtt(Moments.of_batch(X), D=D_chosen).apply(X)
     published = table(spark, output)
     assert sorted(published) == list(ids)
@@ -118,6 +124,7 @@ def test_publish_noop_gate_incremental_rollback(spark, tmp_path):
     assert nightly.main(["--conf", conf]) == 0
     third = record(tmp_path, "published")
     assert third["mode"] == "incremental" and not third["applied"]["refitted"]
+    assert stage(third, "validate") == {**stage(third, "validate"), "reader": "pyarrow", "rows": N + 3 + 20}
     assert third["counts"]["rows_written"] == 20 and third["counts"]["output_rows"] == N + 20
     assert [h["operation"] for h in history(spark, output)] == ["WRITE", "MERGE"]
     after = table(spark, output)
