@@ -63,11 +63,11 @@ def checked_moments(df: DataFrame, vector_col: str, id_col: str | None, dimensio
                     sample: RowSample | None = None,
                     files: TableFiles | None = None) -> tuple[Moments, Tally, pa.Table | None, str]:
     """One pass over ``df`` (vectors ``array<float|double>``) → (Moments of the valid rows, Tally of the rest, the
-    valid rows drawn for ``sample`` — its vector and ``columns`` — or None without ``sample`` or when none was drawn,
-    the reader that ran).
+    valid rows drawn for ``sample`` — its vector and ``columns`` — or None without ``sample`` or when none was
+    drawn, the reader that ran).
 
-    ``files``: ``df``'s data files (:func:`~.table_files.table_files`): pyarrow reads them in one task per file
-    where it can (:func:`~.table_files.pyarrow_or_spark`; reader ``"pyarrow"``), else Spark's scan reads ``df``
+    ``files``: ``df``'s data files (:func:`~.table_files.table_files`): pyarrow reads them in one task per row
+    group where it can (:func:`~.table_files.pyarrow_or_spark`; reader ``"pyarrow"``), else Spark's scan reads ``df``
     (``"spark (<why>)"``; ``"spark"`` without ``files``). Either way the batches have Spark's Arrow batch size.
 
     The drawn rows come in partition order: ``treeReduce``'s shuffled levels combine states in the order their
@@ -83,7 +83,7 @@ def checked_moments(df: DataFrame, vector_col: str, id_col: str | None, dimensio
 
     def read_files(found: TableFiles):
         spark = df.sparkSession
-        rows = arrow_batch_rows(spark, dimension, found.schema.field(vector_col).type.value_type.bit_width // 8)
+        rows = arrow_batch_rows(spark, dimension, found.item_bytes(vector_col))
         return _merged(found.fold(spark, columns, rows,
                                   lambda batches: fold_partition(batches, vector_col, id_col, dimension, sample)))
 

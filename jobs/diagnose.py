@@ -121,12 +121,13 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
     ``evaluation`` block) score every candidate; returns the full JSON-ready report.
 
     Passes over the table: a count (from Delta's file statistics on a Delta table), the moments pass (which also
-    checks every row against the input contract and draws the random sample; pyarrow reads the data files in Spark
-    tasks where it can, ``vector_reader``, :mod:`anisotropy_spark.table_files`: its stage record's ``reader``), the duplicate-id aggregate over the
+    checks every row against the input contract and draws the random sample), the duplicate-id aggregate over the
     ids, the quarantine extraction (only when invalid rows exist), the artefact test (only with metadata or label
     columns), a sample pass (only when the moments pass could not supply the sample: duplicated ids, or fewer rows
-    drawn than needed) and k-means (only with ``cluster_k``). Nothing is cached; each stage logs one line, and the
-    sample stage's record says where its rows came from (``source``).
+    drawn than needed) and k-means (only with ``cluster_k``). Nothing is cached; each stage logs one line, the
+    moments stage's record says what read the vectors (``reader``: pyarrow reads the data files in Spark tasks where
+    it can, ``vector_reader``, :mod:`anisotropy_spark.table_files`) and the sample stage's where its rows came from
+    (``source``).
 
     The result's private ``_sample`` entry holds (vectors (m, d), {metadata column: (m,)}), a random sample of
     at most ``sample_size`` valid rows used for the in-memory measures and the pictures; it is not serialised.

@@ -6,11 +6,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyspark.sql.types import ArrayType, FloatType, StructField, StructType, YearMonthIntervalType
 
 from anisotropy_spark.io import read_table
 from anisotropy_spark.moments import arrow_batch_rows, checked_moments
 from anisotropy_spark.row_sample import RowSample
-from anisotropy_spark.table_files import FileLayoutError, _first_file_columns, file_batches, table_files
+from anisotropy_spark.table_files import (FileLayoutError, TableFiles, _first_file_columns, file_batches,
+                                          filesystem_of, table_files)
 from jobs import diagnose as job
 
 SCHEMA = "id long, vector array<float>, tokens double"
@@ -75,23 +77,28 @@ def test_pinned_version_reads_that_versions_files(spark, tmp_path):
     assert np.allclose(state.mean, ref_state.mean, rtol=1e-14, atol=0)
 
 
-def test_parquet_directory_and_batches_of_sparks_size(spark, tmp_path):
-    """A Parquet directory (pyarrow-written, float32) is read by pyarrow too; batches have at most Spark's
-    ``maxRecordsPerBatch`` rows and, by bytes, at most ``maxBytesPerBatch`` of vector data."""
+def test_parquet_directory_row_groups_and_batches_of_sparks_size(spark, tmp_path):
+    """A Parquet directory (pyarrow-written, float32, 3 row groups per file) is read by pyarrow too, one task per
+    row group; batches have at most Spark's ``maxRecordsPerBatch`` rows and, by bytes, at most ``maxBytesPerBatch``
+    of vector data."""
     folder = tmp_path / "p"
     folder.mkdir()
     for part in range(2):
         block = rows(50, seed=part, start=100 * part)
         pq.write_table(pa.table({"id": [r[0] for r in block], "vector": pa.array([r[1] for r in block],
                                                                                   pa.list_(pa.float32())),
-                                 "tokens": [r[2] for r in block]}), folder / f"part-{part}.parquet")
+                                 "tokens": [r[2] for r in block]}), folder / f"part-{part}.parquet",
+                       row_group_size=20)
     df, ref = read_table(spark, str(folder))
     files, planned = table_files(spark, df, ref.path, ref.format, "vector", df.count())
     state, tally, _, reader = checked_moments(df, "vector", "id", 4, files=files)
     assert (planned, reader, state.n, tally.total) == ("pyarrow", "pyarrow", 100, 0)
+    assert files.row_groups(spark) == [(uri, group) for uri in files.uris for group in range(3)]
+    X = np.array([r[1] for part in range(2) for r in rows(50, seed=part)], dtype=np.float64)
+    assert np.allclose(state.comoment, (X - X.mean(0)).T @ (X - X.mean(0)), rtol=1e-9, atol=1e-9)
     schema = pa.schema([pa.field("vector", pa.list_(pa.float32())), pa.field("id", pa.int64())])
-    sizes = [batch.num_rows for batch in file_batches(files.uris[0], schema, 16)]
-    assert sizes == [16, 16, 16, 2]
+    sizes = [batch.num_rows for batch in file_batches(files.uris[0], 2, schema, 8)]
+    assert sizes == [8, 2]                                               # the last row group: rows 40–49
     assert arrow_batch_rows(spark, 384, 4) == 10_000                     # maxRecordsPerBatch
     assert arrow_batch_rows(spark, 1_048_576, 4) == 8                    # 32 MiB / 4 MiB per float32 vector
 
@@ -132,13 +139,24 @@ def test_files_that_do_not_hold_the_tables_rows_or_columns_fall_back_to_spark(sp
     spec = RowSample(size=10, total=121, columns=("tokens",))
     state, _, _, reader = checked_moments(df, "vector", "id", 4, spec, broken)
     assert state.n == 120 and reader.startswith("spark (") and "stray.parquet has no column(s) ['tokens']" in reader
+    garbage = tmp_path / "garbage.parquet"       # not Parquet at all: its footer cannot be read
+    garbage.write_bytes(b"not a parquet file")
+    state, _, _, reader = checked_moments(df, "vector", "id", 4, files=dataclasses.replace(
+        files, uris=files.uris + (garbage.as_uri(),)))
+    assert state.n == 120 and "could not read the footer of " + garbage.as_uri() in reader
     assert "not in the data files" in files.unreadable(["vector", "part_col"])
 
 
-def test_filesystems_pyarrow_cannot_open_fall_back(spark):
-    why, columns = _first_file_columns(("s3a://bucket/table/part-0.parquet",))
-    assert why.startswith("pyarrow cannot open s3a://bucket/table/part-0.parquet") and not columns
+def test_filesystems_and_types_pyarrow_cannot_read_fall_back(spark):
+    why, columns = _first_file_columns(("wasbs://container@account/table/part-0.parquet",))
+    assert why.startswith("pyarrow cannot open wasbs://container@account/table/part-0.parquet") and not columns
+    assert filesystem_of("file:/tmp/a%20b/part-0.parquet")[1] == "/tmp/a b/part-0.parquet"
     assert _first_file_columns(())[0] == "no data files"
+    files = TableFiles((), 0, StructType([StructField("vector", ArrayType(FloatType())),
+                                          StructField("months", YearMonthIntervalType())]),
+                       frozenset({"vector", "months"}))
+    assert files.unreadable(["vector"]) is None and files.item_bytes("vector") == 4
+    assert files.unreadable(["vector", "months"]).startswith("column type without an Arrow form")
 
 
 def test_job_records_the_reader_and_matches_sparks_diagnosis(spark, tmp_path):
