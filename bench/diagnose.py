@@ -9,9 +9,9 @@ All compute the full centred covariance + eigendecomposition of the same float32
             Spark): the strongest single-process form measured here from 1,000,000 × 384 up
   loop    — the same in one loop over the batches, numpy's BLAS with its own threads (the floor of the bench rows
             before commit f7c5d78; faster than ``floor`` on small corpora, where starting threads costs more)
-  scan    — the part of ``ours`` that is Spark's, no math: Parquet → Arrow batches (float32) into the Python
+  scan    — the part of ``spark`` that is Spark's, no math: Parquet → Arrow batches (float32) into the Python
             workers, which only count rows (the JVM decode + JVM→Python transfer and the tasks' start-up that
-            ``ours`` pays on top of the floor's work)
+            ``spark`` pays on top of the floor's work)
   ours    — the moments pass as ``jobs.diagnose`` runs it by default (``vector_reader: auto``): the pinned table's row
             count and data files (:func:`anisotropy_spark.table_files.table_files`), then one Spark task per
             file in which pyarrow reads the file's batches (float32) → contract check + numpy Moments →
