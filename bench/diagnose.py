@@ -13,9 +13,9 @@ All compute the full centred covariance + eigendecomposition of the same float32
             workers, which only count rows (the JVM decode + JVM→Python transfer and the tasks' start-up that
             ``spark`` pays on top of the floor's work)
   ours    — the moments pass as ``jobs.diagnose`` runs it by default (``vector_reader: auto``): the pinned table's row
-            count and data files (:func:`anisotropy_spark.table_files.table_files`), then one Spark task per
-            file in which pyarrow reads the file's batches (float32) → contract check + numpy Moments →
-            treeReduce → eigh
+            count and data files (:func:`anisotropy_spark.table_files.table_files`), a Spark job listing their
+            row groups, then one Spark task per row group in which pyarrow reads its batches (float32) → contract
+            check + numpy Moments → treeReduce → eigh
   spark   — the same pass with Spark's scan reading the table (``vector_reader: spark``; ``ours`` in the bench rows
             before the pyarrow reader): Parquet → Arrow batches via ``mapInArrow`` → the same fold
   job     — the whole ``jobs.diagnose`` run without clusters or metadata (read, moments, sample, report files)
