@@ -11,6 +11,7 @@ from pyspark.sql.types import ArrayType, FloatType, StructField, StructType, Yea
 from anisotropy_spark.io import read_table
 from anisotropy_spark.moments import arrow_batch_rows, checked_moments
 from anisotropy_spark.row_sample import RowSample
+from anisotropy_spark.session import session_conf
 from anisotropy_spark.table_files import (FileLayoutError, TableFiles, _first_file_columns, file_batches,
                                           filesystem_of, table_files)
 from jobs import diagnose as job
@@ -99,8 +100,11 @@ def test_parquet_directory_row_groups_and_batches_of_sparks_size(spark, tmp_path
     schema = pa.schema([pa.field("vector", pa.list_(pa.float32())), pa.field("id", pa.int64())])
     sizes = [batch.num_rows for batch in file_batches(files.uris[0], 2, schema, 8)]
     assert sizes == [8, 2]                                               # the last row group: rows 40–49
-    assert arrow_batch_rows(spark, 384, 4) == 10_000                     # maxRecordsPerBatch
-    assert arrow_batch_rows(spark, 1_048_576, 4) == 8                    # 32 MiB / 4 MiB per float32 vector
+    with session_conf(spark, {"spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+                              "spark.sql.execution.arrow.maxBytesPerBatch": str(32 << 20)}):
+        assert arrow_batch_rows(spark, 384, 4) == 10_000                 # maxRecordsPerBatch
+        assert arrow_batch_rows(spark, 1_048_576, 4) == 8                # 32 MiB / 4 MiB per float32 vector
+    assert arrow_batch_rows(spark, 384, 4) == (8 << 20) // (384 * 4) == 5461   # the session's 8 MiB budget
 
 
 def test_deletion_vectors_and_column_mapping_read_through_spark(spark, tmp_path):
