@@ -105,15 +105,16 @@ class TableFiles:
         return spark.sparkContext.parallelize(self.uris, slices).flatMap(groups_of).collect()
 
     def fold(self, spark: SparkSession, columns: list[str], batch_rows: int,
-             fold: Callable[[Iterator[pa.RecordBatch]], T]) -> RDD:
-        """An RDD of one ``fold(batches)`` per row group (:meth:`row_groups`; one task each, its partition index the
+             fold_batches: Callable[[Iterator[pa.RecordBatch]], T]) -> RDD:
+        """An RDD of one ``fold_batches(batches)`` per row group (:meth:`row_groups`; one task each, its partition index the
         row group's place in file order): its ``columns`` as Arrow batches of at most ``batch_rows`` rows, cast to
         the table's types. Files without a row group give one task that folds no batch."""
         schema = self.arrow_schema(columns)
         units = self.row_groups(spark)
 
         def task(entries: Iterator[tuple[str, int]]) -> Iterator[T]:
-            yield fold(batch for uri, group in entries for batch in file_batches(uri, group, schema, batch_rows))
+            yield fold_batches(batch for uri, group in entries
+                               for batch in file_batches(uri, group, schema, batch_rows))
 
         return spark.sparkContext.parallelize(units, max(1, len(units))).mapPartitions(task)
 

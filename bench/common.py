@@ -7,7 +7,6 @@ import dataclasses
 import functools
 import pathlib
 import time
-import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Callable, Iterator
@@ -21,6 +20,7 @@ from threadpoolctl import threadpool_limits
 from anisotropy_core.moments import Moments
 from anisotropy_core.synthetic import cone
 from anisotropy_spark.io import is_delta_table
+from anisotropy_spark.table_files import filesystem_of
 
 BATCH_ROWS = 8192
 
@@ -72,7 +72,7 @@ def corpus(args: argparse.Namespace, path: pathlib.Path,
     root = pathlib.Path(args.corpus)
     if is_delta_table(spark, str(root)):
         uris = spark.read.format("delta").load(str(root)).inputFiles()   # file: URIs of the current version
-        files = sorted(pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(uri).path)) for uri in uris)
+        files = sorted(pathlib.Path(filesystem_of(uri)[1]) for uri in uris)
         found = Corpus(root, files, is_delta=True)
     else:
         found = Corpus(root, sorted(root.glob("*.parquet")), is_delta=False)
