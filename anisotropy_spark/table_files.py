@@ -1,5 +1,6 @@
-"""The moments pass without Spark's row → Arrow conversion: pyarrow reads a pinned table version's Parquet data
-files inside Spark tasks.
+"""The moments pass and the apply pass without Spark's row → Arrow conversion: pyarrow reads a pinned table
+version's Parquet data files inside Spark tasks (:meth:`TableFiles.fold` for a pass that folds the batches into
+states, :meth:`TableFiles.map_batches` for one that maps them into a DataFrame Spark writes).
 
 In Spark 4.0 every batch a ``mapInArrow`` function receives is rebuilt on the JVM element by element from rows
 (JFR of the diagnose scan: 70 % of the JVM's samples in ``ArrowFieldWriter.write``); at 1,000,000 × 384 float32 on
@@ -22,8 +23,9 @@ pyarrow reads the files' physical columns, so it is used only where they are exa
   (:func:`filesystem_of`: local, ``s3://`` and Hadoop's ``s3a://``, ``gs://``, ``hdfs://`` with libhdfs, with
   pyarrow's credentials from the environment, not Hadoop's ``fs.s3a.*``); and (:meth:`TableFiles.unreadable`)
   that file has every column the pass reads (a partition column is in none) in a type Spark converts to Arrow;
-* after it (:func:`pyarrow_or_spark`): it read the version's row count, and no task met a file it could not read
-  as the table's columns (:class:`FileLayoutError`: a column missing, a type that does not cast, an I/O error).
+* before the batches are read (:meth:`TableFiles.row_groups`): the footers' row counts add up to the version's;
+* after the pass (:func:`pyarrow_or_spark`): it read the version's row count, and no task met a file it could not
+  read as the table's columns (:class:`FileLayoutError`: a column missing, a type that does not cast, an I/O error).
 
 Otherwise Spark's scan reads the table; ``vector_reader: auto | spark | pyarrow`` chooses (``pyarrow`` raises
 instead of falling back), and the caller records which reader ran and why.
@@ -91,24 +93,30 @@ class TableFiles:
 
     def row_groups(self, spark: SparkSession) -> list[tuple[str, int]]:
         """Every (file URI, row group index) of the files, in file order: their footers read in one Spark job (at
-        most one task per core); :class:`FileLayoutError` in a task for a file pyarrow cannot open."""
+        most one task per core); :class:`FileLayoutError` in a task for a file pyarrow cannot open, and on the
+        driver when the footers' row counts do not add up to the version's ``rows``."""
 
-        def groups_of(uri: str) -> list[tuple[str, int]]:
+        def groups_of(uri: str) -> list[tuple[str, int, int]]:
             try:
                 filesystem, path = filesystem_of(uri)
                 with pq.ParquetFile(path, filesystem=filesystem) as parquet:
-                    return [(uri, group) for group in range(parquet.num_row_groups)]
+                    return [(uri, group, parquet.metadata.row_group(group).num_rows)
+                            for group in range(parquet.num_row_groups)]
             except (OSError, pa.ArrowException) as exc:
                 raise FileLayoutError(f"pyarrow could not read the footer of {uri}: {exc}") from exc
 
         slices = max(1, min(len(self.uris), spark.sparkContext.defaultParallelism))
-        return spark.sparkContext.parallelize(self.uris, slices).flatMap(groups_of).collect()
+        groups = spark.sparkContext.parallelize(self.uris, slices).flatMap(groups_of).collect()
+        held = sum(rows for _, _, rows in groups)
+        if held != self.rows:
+            raise FileLayoutError(held_rows_message(held, self.rows))
+        return [(uri, group) for uri, group, _ in groups]
 
     def fold(self, spark: SparkSession, columns: list[str], batch_rows: int,
              fold_batches: Callable[[Iterator[pa.RecordBatch]], T]) -> RDD:
-        """An RDD of one ``fold_batches(batches)`` per row group (:meth:`row_groups`; one task each, its partition index the
-        row group's place in file order): its ``columns`` as Arrow batches of at most ``batch_rows`` rows, cast to
-        the table's types. Files without a row group give one task that folds no batch."""
+        """An RDD of one ``fold_batches(batches)`` per row group (:meth:`row_groups`; one task each, its partition
+        index the row group's place in file order): its ``columns`` as Arrow batches of at most ``batch_rows`` rows,
+        cast to the table's types. Files without a row group give one task that folds no batch."""
         schema = self.arrow_schema(columns)
         units = self.row_groups(spark)
 
@@ -117,6 +125,27 @@ class TableFiles:
                                for batch in file_batches(uri, group, schema, batch_rows))
 
         return spark.sparkContext.parallelize(units, max(1, len(units))).mapPartitions(task)
+
+    def map_batches(self, spark: SparkSession, batch_rows: int,
+                    transform_batches: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+                    schema: StructType) -> DataFrame:
+        """A DataFrame of ``schema``: ``transform_batches(batches)`` of each row group (:meth:`row_groups`; one task
+        each) with all the table's columns as Arrow batches of at most ``batch_rows`` rows, cast to the table's
+        types: what ``df.mapInArrow(transform_batches, schema)`` gives over Spark's scan of the table, without the JVM
+        rebuilding every input batch from rows. Lazy but for the footer job of :meth:`row_groups`."""
+        arrow = self.arrow_schema(self.schema.names)
+        units = self.row_groups(spark)
+
+        def task(indices: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for index in (i for batch in indices for i in batch.column(0).to_pylist()):
+                uri, group = units[index]
+                yield from transform_batches(file_batches(uri, group, arrow, batch_rows))
+
+        return spark.range(0, len(units), 1, max(1, len(units))).mapInArrow(task, schema)
+
+
+def held_rows_message(held: int, rows: int) -> str:
+    return f"the data files hold {held} rows, the table version {rows}"
 
 
 def table_files(spark: SparkSession, df: DataFrame, path: str, table_format: str, vector_col: str, rows: int | None,
@@ -213,12 +242,14 @@ def pyarrow_or_spark(files: TableFiles, columns: list[str], read_files: Callable
             read = rows_of(result)
             if read == files.rows:
                 return result, "pyarrow"
-            why_not = f"the data files hold {read} rows, the table version {files.rows}"
+            why_not = held_rows_message(read, files.rows)
+        except FileLayoutError as exc:     # raised on the driver (the footers' row counts)
+            why_not = str(exc)
         except Exception as exc:          # a Spark job error wrapping the task's FileLayoutError
             why_not = layout_error_from_worker(exc)
             if why_not is None:
                 raise
     if files.required:
         raise FileLayoutError(f"vector_reader: pyarrow: {why_not}")
-    log.warning("moments pass reads through Spark instead of pyarrow: %s", why_not)
+    log.warning("the pass reads through Spark's scan instead of pyarrow: %s", why_not)
     return read_spark(), f"spark ({why_not})"

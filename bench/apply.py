@@ -9,7 +9,9 @@ Same Delta input, same Spark session, run side by side:
                batch back unchanged, write Delta (the JVM→Python→JVM transfer on top of the floor)
   transform  — read, CorrectionModel.transform (mapInArrow + numpy), add transform_version, write Delta
   job        — the whole apply job (jobs.apply.run_apply: pin version, validate + quarantine count in the
-               transform pass, dimension check, one commit)
+               transform pass, dimension check, one commit), as it runs by default (``vector_reader: auto``: pyarrow
+               reads the pinned data files in the Spark tasks, one task per row group; the reader is printed)
+  job_spark  — the same job with Spark's scan reading the table (``vector_reader: spark``)
 Each runs once as a warm-up, then ``repeats`` rounds run each once (:func:`bench.common.time_in_rounds`); the best
 time is reported with its ratio to the floor, and every round's time after it.
 Every output is deleted (untimed) before each call, so each one writes a fresh table and the disk holds one
@@ -64,6 +66,7 @@ def main() -> None:
         manifest = save_artifact(str(root / "artifact"), transform, n=args.rows)
         model = CorrectionModel(transform, n=args.rows)._set(inputCol="vector", outputCol="vector")
         outputs = [root / name for name in ("floor", "roundtrip", "transformed", "job", "quarantine")]
+        readers = {}
 
         def delete_outputs():
             for output in outputs:
@@ -82,14 +85,18 @@ def main() -> None:
             (out.withColumn("transform_version", F.lit(manifest["transform_version"]))
              .write.format("delta").mode("overwrite").save(str(root / "transformed")))
 
-        def job():
-            run_apply(spark, ApplyConfig(input=source, artifact=str(root / "artifact"), output=str(root / "job"),
-                                         on_invalid="quarantine", quarantine_path=str(root / "quarantine"),
-                                         force=True))
+        def job(reader):
+            summary = run_apply(spark, ApplyConfig(input=source, artifact=str(root / "artifact"),
+                                                   output=str(root / "job"), on_invalid="quarantine",
+                                                   quarantine_path=str(root / "quarantine"), vector_reader=reader,
+                                                   force=True))
+            readers[reader] = summary["reader"]
 
-        runs = {"floor": floor, "roundtrip": roundtrip, "transform": transform_only, "job": job}
+        runs = {"floor": floor, "roundtrip": roundtrip, "transform": transform_only, "job": lambda: job("auto"),
+                "job_spark": lambda: job("spark")}
         seconds, _ = time_in_rounds(runs, args.repeats, reset=delete_outputs)
     print(f"table: {args.rows} x {args.dim} float32, method {args.method}, Spark local[2]; best of {args.repeats}")
+    print(f"job reader: {readers['auto']}; job_spark reader: {readers['spark']}")
     print_ratios(seconds, args.rows, baseline="floor")
     spark.stop()
 

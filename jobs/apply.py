@@ -8,6 +8,14 @@ while mapping the Arrow batches through the numpy transform (``mapInArrow``), th
 Delta table: every input column (id and metadata) with ``output_col`` (default: the vector column itself)
 replaced by the corrected vector (element type per ``output_dtype``), plus a ``transform_version`` column.
 
+Who reads the input (``vector_reader``, :mod:`anisotropy_spark.table_files`; the summary's ``reader``): by
+default (``auto``) pyarrow reads the pinned version's Parquet data files inside the Spark tasks, one task per row
+group, where those files are exactly the version's rows and columns (no deletion vectors or column mapping, no
+partition columns, an array vector column, footers adding up to the version's row count); else Spark's scan
+does. pyarrow skips the JVM's rebuilding of every input batch from rows, the largest cost of the pass over a
+plain Delta copy. A data file pyarrow cannot read as the table's columns fails that write (nothing is committed)
+and the job writes again through Spark's scan (``vector_reader: pyarrow`` raises instead).
+
 * Invalid rows, ``on_invalid: error``: the first invalid row met fails the write (so nothing is committed)
   and the job raises :class:`InvalidRowsError` naming its id, the column and the reason.
 * Invalid rows, ``on_invalid: quarantine``: the pass tags them, a Spark ``Observation`` counts them during
@@ -29,6 +37,7 @@ replaced by the corrected vector (element type per ``output_dtype``), plus a ``t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -47,8 +56,9 @@ from anisotropy_spark.io import (as_vector_array, count_invalid, is_delta_table,
                                  settle_invalid, valid_rows)
 from anisotropy_spark.quarantine import Duplicates, find_duplicates
 from anisotropy_spark.session import get_spark
+from anisotropy_spark.table_files import pyarrow_or_spark, table_files
 from jobs.cli import run
-from jobs.config import InputSettings, parse_args
+from jobs.config import InputSettings, VectorReader, parse_args
 
 VERSION_COLUMN = "transform_version"
 JOB_NAME = "anisotropy.apply"
@@ -63,6 +73,7 @@ class ApplyConfig(InputSettings):
     input_version: int | None = None
     output_col: str | None = None
     output_dtype: Literal["same", "float32", "float64"] = "same"
+    vector_reader: VectorReader = "auto"
     force: bool = False
     master: str | None = None
 
@@ -110,8 +121,34 @@ def error_from_worker(exc: Exception, artifact: Artifact) -> Exception | None:
     return invalid_rows_from_worker(exc)
 
 
+def publish(corrected: DataFrame, duplicates: Duplicates, config: ApplyConfig, stamp: dict,
+            artifact: Artifact) -> dict:
+    """Write the valid, non-duplicated rows of ``corrected`` (:meth:`CorrectionModel.transform_checked`'s rows,
+    with ``invalid_reason`` under ``on_invalid: quarantine``) to ``config.output`` in ONE overwrite commit
+    stamped ``stamp``; returns the pass's counts {``rows`` read, ``invalid`` rows}. A worker's invalid row or
+    foreign dimension is raised as the job's own error (:func:`error_from_worker`); nothing is committed then."""
+    observed = Observation("apply_pass")
+    tagged = REASON_COLUMN in corrected.columns
+    corrected = duplicates.drop_from(corrected.observe(
+        observed, F.count(F.lit(1)).alias("rows"),
+        (F.count_if(F.col(REASON_COLUMN).isNotNull()) if tagged else F.lit(0)).alias("invalid")))
+    if tagged:
+        corrected = corrected.where(F.col(REASON_COLUMN).isNull()).drop(REASON_COLUMN)
+    try:
+        (corrected.withColumn(VERSION_COLUMN, F.lit(artifact.transform_version))
+         .write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+         .option("userMetadata", json.dumps(stamp, sort_keys=True)).save(config.output))
+    except Exception as exc:      # the worker's error arrives wrapped (Py4J / captured Spark error)
+        found = error_from_worker(exc, artifact)
+        if found is None:
+            raise
+        raise found from None
+    return observed.get
+
+
 def run_apply(spark: SparkSession, config: ApplyConfig, artifact: Artifact | None = None) -> dict:
-    """Run the job; returns a JSON-ready summary with ``status`` ``written`` or ``skipped``.
+    """Run the job; returns a JSON-ready summary with ``status`` ``written`` or ``skipped`` and the ``reader``
+    of the pass (``pyarrow`` where it reads the data files, else ``spark (<why>)``: ``vector_reader``).
 
     ``artifact``: an already-loaded artifact (default: ``load_artifact(config.artifact)``, hash-verified).
     """
@@ -127,34 +164,30 @@ def run_apply(spark: SparkSession, config: ApplyConfig, artifact: Artifact | Non
                 "reason": "the latest output commit already holds this input version and transform version"}
     vector_col, id_col = config.vector_col, config.id_col
     require_column(df, id_col, "id")
+    files, planned = table_files(spark, df, ref.path, ref.format, vector_col, None, config.vector_reader)
     df = as_vector_array(df, vector_col)
     model = (CorrectionModel.from_artifact(artifact, vector_col, config.output_col or vector_col)
              .setOutputDtype(config.output_dtype))
     quarantine = config.on_invalid == "quarantine"
     duplicates = checked_duplicates(df, config, artifact.transform.d_in)
-    corrected = model.transform_checked(duplicates.drop_from(df), RowChecks(id_col, tag_invalid=quarantine))
-    invalid = Observation("invalid_rows")
-    if quarantine:
-        corrected = (corrected.observe(invalid, F.count_if(F.col(REASON_COLUMN).isNotNull()).alias("rows"))
-                     .where(F.col(REASON_COLUMN).isNull()).drop(REASON_COLUMN))
-    try:
-        (corrected.withColumn(VERSION_COLUMN, F.lit(artifact.transform_version))
-         .write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-         .option("userMetadata", json.dumps(stamp, sort_keys=True)).save(config.output))
-    except Exception as exc:      # the worker's error arrives wrapped (Py4J / captured Spark error)
-        found = error_from_worker(exc, artifact)
-        if found is None:
-            raise
-        raise found from None
+    checks = RowChecks(id_col, tag_invalid=quarantine)
+    write = functools.partial(publish, duplicates=duplicates, config=config, stamp=stamp, artifact=artifact)
+    if files:         # one pass either way: pyarrow reads the pinned files, or Spark's scan where they cannot serve
+        counts, reader = pyarrow_or_spark(files, df.columns,
+                                          lambda found: write(model.transform_files(spark, found, checks)),
+                                          lambda: write(model.transform_checked(df, checks)),
+                                          lambda counted: counted["rows"])
+    else:
+        counts, reader = write(model.transform_checked(df, checks)), planned
     version, _ = latest_commit(spark, config.output)
-    counts = {}
-    if quarantine and (invalid.get["rows"] or duplicates.tally.total):
+    by_reason = {}
+    if quarantine and (counts["invalid"] or duplicates.tally.total):
         tally = count_invalid(df, vector_col, id_col, artifact.transform.d_in)
         settle_invalid(df, tally, vector_col, id_col, artifact.transform.d_in, "quarantine", config.quarantine_path,
                        duplicates=duplicates, input_version=ref.version)
-        counts = tally.merge(duplicates.tally).counts
-    return {**summary, "status": "written", "output_version": version,
-            "invalid_rows": sum(counts.values()), "invalid_by_reason": counts}
+        by_reason = tally.merge(duplicates.tally).counts
+    return {**summary, "status": "written", "output_version": version, "reader": reader,
+            "invalid_rows": sum(by_reason.values()), "invalid_by_reason": by_reason}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,6 +35,9 @@ class ConfigError(ValueError):
 NOT_GIVEN = object()  # an override that was not given on the command line
 
 
+VectorReader = Literal["auto", "spark", "pyarrow"]   # who reads the data files: anisotropy_spark.table_files
+
+
 @dataclasses.dataclass(kw_only=True)
 class InputSettings:
     """The input block every job shares: the table (``input``, a Delta or Parquet path or URI), its

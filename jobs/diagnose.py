@@ -38,7 +38,7 @@ from anisotropy_spark.row_sample import RowSample
 from anisotropy_spark.session import get_spark
 from anisotropy_spark.table_files import table_files
 from jobs.cli import run
-from jobs.config import EvaluationConfig, InputSettings, config_hash, parse_args
+from jobs.config import EvaluationConfig, InputSettings, VectorReader, config_hash, parse_args
 from jobs.evaluation import evaluation_markdown, run_evaluation
 from jobs.stage_log import timed_stage
 
@@ -87,7 +87,7 @@ class DiagnoseConfig(InputSettings):
     """Settings of the diagnosis job (conf/diagnose.yaml)."""
 
     input_version: int | None = None
-    vector_reader: Literal["auto", "spark", "pyarrow"] = "auto"
+    vector_reader: VectorReader = "auto"
     metadata_cols: list[str] = dataclasses.field(default_factory=list)
     label_col: str | None = None
     pairs: str | None = None

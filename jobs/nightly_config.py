@@ -14,7 +14,7 @@ from typing import Literal
 from anisotropy_core.decision import DecisionThresholds
 from anisotropy_core.diagnostics import Diagnosis
 from jobs.apply import VERSION_COLUMN
-from jobs.config import ConfigError, EvaluationConfig, InputSettings, config_hash, flow_problems
+from jobs.config import ConfigError, EvaluationConfig, InputSettings, VectorReader, config_hash, flow_problems
 
 # the scalar numbers of anisotropy_core.diagnose (what drift thresholds and output bounds may name)
 CORE_METRICS = Diagnosis.scalar_names()
@@ -27,7 +27,7 @@ class NightlyConfig(InputSettings):
 
     output: str
     on_invalid: Literal["error", "quarantine"] = "quarantine"
-    vector_reader: Literal["auto", "spark", "pyarrow"] = "auto"
+    vector_reader: VectorReader = "auto"
     output_vector_col: str | None = None
     output_dtype: Literal["same", "float32", "float64"] = "same"
     metadata_cols: list[str] = dataclasses.field(default_factory=list)

@@ -303,3 +303,75 @@ def test_quarantine_is_idempotent_and_stamped(spark, tmp_path):
     rows = sorted((r["id"], r["run_id"], r["input_version"]) for r in spark.read.format("delta").load(quarantine)
                   .collect())
     assert rows == [(-9, None, None), (-3, "r3", 2), (-2, "r1", 0), (-1, "r1", 0)]
+
+
+def published(spark, path):
+    return {r["id"]: (r["title"], r["token_count"], tuple(r["vector"]))
+            for r in spark.read.format("delta").load(path).collect()}
+
+
+def test_pyarrow_reader_publishes_what_sparks_scan_does(spark, corpus, tmp_path):
+    """``vector_reader: auto`` reads the pinned files with pyarrow (one task per row group) and publishes exactly
+    the table, quarantine and counts that Spark's scan gives (``vector_reader: spark``)."""
+    root, data = corpus
+    _, artifact = fitted(spark, root, "abtt")
+    bad = data[:40].copy()
+    bad[5, 1] = np.inf
+    source = str(tmp_path / "source")
+    write_table(spark, source, bad)
+    write_table(spark, source, data[:3], start=7, mode="append")          # ids 7, 8, 9 repeated: duplicate_id × 6
+    results = {}
+    for reader in ("auto", "spark"):
+        config = ApplyConfig(input=source, artifact=artifact, output=str(tmp_path / f"o-{reader}"),
+                             on_invalid="quarantine", quarantine_path=str(tmp_path / f"q-{reader}"),
+                             vector_reader=reader)
+        summary = run_apply(spark, config)
+        quarantined = sorted((r["id"], r["invalid_reason"])
+                             for r in spark.read.format("delta").load(config.quarantine_path).collect())
+        results[reader] = (summary, published(spark, config.output), quarantined)
+    (auto, out_auto, q_auto), (plain, out_spark, q_spark) = results["auto"], results["spark"]
+    assert auto["reader"] == "pyarrow" and plain["reader"] == "spark (vector_reader: spark)"
+    assert auto["invalid_by_reason"] == plain["invalid_by_reason"] == {"duplicate_id": 6, "non_finite": 1}
+    assert sorted(out_auto) == [i for i in range(40) if i not in (5, 7, 8, 9)]
+    assert out_auto == out_spark and q_auto == q_spark
+
+
+def test_files_pyarrow_cannot_serve_are_written_through_sparks_scan(spark, corpus, tmp_path, monkeypatch):
+    """A data file that is not the table's columns fails the pyarrow write with nothing committed, and the job
+    writes once through Spark's scan (version 0), saying why; ``vector_reader: pyarrow`` raises instead. Footers
+    that do not add up to the version's row count are refused before any write."""
+    import jobs.apply as apply_job
+    from anisotropy_spark.table_files import FileLayoutError
+
+    root, data = corpus
+    _, artifact = fitted(spark, root, "center")
+    source = str(tmp_path / "source")
+    write_table(spark, source, data[:30])
+    stray = tmp_path / "stray.parquet"                      # listed with the table's files: no title column
+    pq_table = pa.table({"id": [999], "vector": pa.array([[0.0] * D], pa.list_(pa.float64()))})
+    import pyarrow.parquet as pq
+    pq.write_table(pq_table, stray)
+    listed = apply_job.table_files
+
+    def with_stray(*args):
+        files, planned = listed(*args)
+        return dataclasses.replace(files, uris=files.uris + (stray.as_uri(),), rows=files.rows + 1), planned
+
+    monkeypatch.setattr(apply_job, "table_files", with_stray)
+    config = ApplyConfig(input=source, artifact=artifact, output=str(tmp_path / "o"))
+    summary = run_apply(spark, config)
+    assert summary["output_version"] == 0 and summary["reader"].startswith("spark (")
+    assert "stray.parquet has no column(s) ['title', 'token_count']" in summary["reader"]
+    assert sorted(published(spark, config.output)) == list(range(30))
+    with pytest.raises(FileLayoutError, match="has no column"):
+        run_apply(spark, dataclasses.replace(config, output=str(tmp_path / "o2"), vector_reader="pyarrow"))
+    assert latest_commit(spark, str(tmp_path / "o2")) is None
+
+    def miscounted(*args):
+        files, planned = listed(*args)
+        return dataclasses.replace(files, rows=files.rows + 1), planned
+
+    monkeypatch.setattr(apply_job, "table_files", miscounted)
+    summary = run_apply(spark, dataclasses.replace(config, output=str(tmp_path / "o3")))
+    assert summary["reader"] == "spark (the data files hold 30 rows, the table version 31)"
+    assert summary["output_version"] == 0 and sorted(published(spark, str(tmp_path / "o3"))) == list(range(30))
