@@ -14,7 +14,9 @@ group, where those files are exactly the version's rows and columns (no deletion
 partition columns, an array vector column, footers adding up to the version's row count); else Spark's scan
 does. pyarrow skips the JVM's rebuilding of every input batch from rows, the largest cost of the pass over a
 plain Delta copy. A data file pyarrow cannot read as the table's columns fails that write (nothing is committed)
-and the job writes again through Spark's scan (``vector_reader: pyarrow`` raises instead).
+and the job writes again through Spark's scan (``vector_reader: pyarrow`` raises instead). After the write the
+rows the pass read (its ``Observation``) are checked against the version's row count too; since the footers were
+checked first a mismatch is not expected, and it would be repaired by a second overwrite through Spark's scan.
 
 * Invalid rows, ``on_invalid: error``: the first invalid row met fails the write (so nothing is committed)
   and the job raises :class:`InvalidRowsError` naming its id, the column and the reason.
