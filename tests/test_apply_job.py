@@ -5,6 +5,7 @@ import sys
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyspark import cloudpickle
 
@@ -15,6 +16,8 @@ from anisotropy_spark.contract import check_batch
 from anisotropy_spark.diagnostics import diagnose_dataframe
 from anisotropy_spark.io import InvalidRowsError
 from anisotropy_spark.quarantine import find_duplicates, id_scan_conf
+from anisotropy_spark.table_files import FileLayoutError
+import jobs.apply as apply_job
 from jobs.apply import ApplyConfig, latest_commit, run_apply
 from jobs.apply import main as apply_main
 from jobs.fit import FitConfig, run_fit
@@ -340,17 +343,12 @@ def test_files_pyarrow_cannot_serve_are_written_through_sparks_scan(spark, corpu
     """A data file that is not the table's columns fails the pyarrow write with nothing committed, and the job
     writes once through Spark's scan (version 0), saying why; ``vector_reader: pyarrow`` raises instead. Footers
     that do not add up to the version's row count are refused before any write."""
-    import jobs.apply as apply_job
-    from anisotropy_spark.table_files import FileLayoutError
-
     root, data = corpus
     _, artifact = fitted(spark, root, "center")
     source = str(tmp_path / "source")
     write_table(spark, source, data[:30])
     stray = tmp_path / "stray.parquet"                      # listed with the table's files: no title column
-    pq_table = pa.table({"id": [999], "vector": pa.array([[0.0] * D], pa.list_(pa.float64()))})
-    import pyarrow.parquet as pq
-    pq.write_table(pq_table, stray)
+    pq.write_table(pa.table({"id": [999], "vector": pa.array([[0.0] * D], pa.list_(pa.float64()))}), stray)
     listed = apply_job.table_files
 
     def with_stray(*args):
