@@ -505,7 +505,7 @@ def sample_corrected_step(sample_pass: PassFn, metric: str, iterations: int) -> 
     normalised), so the cheap sample updates keep following the table's Lloyd path instead of falling back
     to the sample's optimum. It pays when the sample holds a few hundred rows per cluster or more (the
     default 131,072 rows: 2,048 per cluster at k = 64); with ~100 per cluster Δ is mostly noise and the
-    result is as often above plain Lloyd as below (README, measured). ``sample_pass``: a pass over the
+    result is as often above plain Lloyd as below (docs/concepts.md). ``sample_pass``: a pass over the
     (prepared) sample rows; ``iterations`` = 0 is plain Lloyd (the update itself)."""
 
     def step(table: ClusterState, centroids: np.ndarray, updated: np.ndarray) -> np.ndarray:

@@ -54,10 +54,9 @@ class Moments:
 
         One float64 copy of the batch is the only batch-sized array: the squared lengths come from ``einsum``
         (no (B, d) temporary), the unit-vector sum is one matrix-vector product, and the copy is centred in
-        place before the Gram product (which numpy runs as a symmetric rank-k update). Per 10,000-row float32
-        batch on one core (median of 30, three rounds): 46–47 ms against 70–71 ms for the textbook form with its
-        four batch-sized temporaries at d = 384 (the Gram product alone 36 ms), 165–173 against 199–205 ms at
-        d = 768 (Gram 138–141 ms); the co-moment is bit-for-bit the same.
+        place before the Gram product (which numpy runs as a symmetric rank-k update). The textbook form holds
+        four (B, d) temporaries instead of one and gives the same co-moment bit for bit (timings:
+        bench/RESULTS.md).
         """
         x = np.array(vectors, dtype=np.float64)          # a private copy: it is centred in place below
         if x.ndim != 2:

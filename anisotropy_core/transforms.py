@@ -138,9 +138,8 @@ def map_blocks(x: np.ndarray, d_in: int, d_out: int, dtype: type, block: BlockFn
     """(n, d_out) ``dtype`` array of ``block`` applied to ``x`` (n, d_in) in blocks of ``APPLY_BLOCK_ROWS``
     rows. Each block is copied into one reused float64 scratch array (float32 → float64 is exact) that
     ``block`` may overwrite, so the float64 work stays in the CPU cache and no batch-sized or per-block
-    float64 array is allocated (measured per 9,259-row float32 batch, ABTT, one core: 38 ms with a new float64
-    array per step and 1,024-row blocks, 15 ms like this at d = 384; whitening, a full GEMM, 62 vs 58 ms
-    with 256 vs 1,024 rows).
+    float64 array is allocated: the extra float64 memory is one (``APPLY_BLOCK_ROWS``, d_in) array, whatever n
+    is (timings: bench/RESULTS.md).
 
     Checks each input block (:func:`check_input`) and each output block after the cast to ``dtype``;
     errors name the row of ``x`` (a block's :class:`NonFiniteOutputError` is shifted to it).

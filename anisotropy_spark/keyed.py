@@ -8,10 +8,10 @@ exceed it; it then travels alone). :func:`merge_by_key` merges the payloads with
 in the Python workers, never Spark Accumulators), so every record crossing the JVM is one state, a reducer
 holds one state per key it owns, and the driver receives one state per key — whatever the number of rows or
 partitions. The folding input is first coalesced to one partition per task slot (:func:`coalesce_to_slots`):
-the shuffle then carries slots × keys states, not input partitions × keys (at 10M × 768 in ≈ 232 partitions,
-64 clusters' states were ≈ 69 GB of shuffle files; on 2 slots they are 0.6 GB). A single record holding
-all k states of a task (k·d²·8 bytes: 302 MB for 64 clusters × 768²) exhausts the JVM heap when the JVM
-pickles it for Python.
+the shuffle then carries slots × keys states, not input partitions × keys (one (d, d) float64 state per key,
+4.7 MB at d = 768: 232 input partitions × 64 keys would be ≈ 69 GB of shuffle files, 2 slots × 64 keys 0.6 GB).
+A single record holding all k states of a task (k·d²·8 bytes: 302 MB for 64 clusters × 768²) exhausts the JVM
+heap when the JVM pickles it for Python.
 """
 from __future__ import annotations
 

@@ -17,12 +17,11 @@ Design (issue 9: within 2× faiss, never worse than pyspark.ml; issue 12: per-ta
      once into a *barrier* stage (``mapInArrow(barrier=True)``); each task keeps its rows as numpy blocks
      and every Lloyd pass merges the tasks' states with ``BarrierTaskContext.allGather``, so
      ``IN_MEMORY_REFINE_PASSES`` passes cost little more than the math. A task holds n / slots rows: that is
-     why the path runs only when that share fits. It is not the default: measured at 1M × 384 on 2 cores,
-     the repartition and the read into the barrier stage take ≈ 13.5 s (a plain read: ≈ 6 s), and each
-     ``allGather`` ≈ 0.9 s on top of ≈ 0.8 s of math, because Spark's ``BarrierTaskContext`` polls for the
-     sync's completion with ``Thread.sleep(1000)``. The result beats pyspark.ml's inertia, at 1.73–1.81×
-     faiss's time since the sample pass runs on the JVM (2.4–2.9× before), against 1.15–1.24× streaming
-     (README).
+     why the path runs only when that share fits. It is not the default: the repartition and the read into
+     the barrier stage cost about twice a plain read, and each ``allGather`` costs about as much as the
+     pass's math, because Spark's ``BarrierTaskContext`` polls for the sync's completion with
+     ``Thread.sleep(1000)``. The result beats pyspark.ml's inertia but takes longer than streaming
+     (docs/design.md, timings in bench/RESULTS.md).
    * **streaming** (:func:`assignment_pass`, the default): ``DEFAULT_REFINE_PASSES`` passes that each re-read
      the input (Arrow batches → numpy, one state per task slot, states merged with ``treeReduce``); a task
      holds one Arrow batch plus its O(k·d) state whatever n is. Between two passes the driver runs
@@ -85,7 +84,7 @@ def partition_states(vectors: DataFrame, vector_col: str, dimension: int, fold: 
     batches come straight from Arrow, one at a time, and only the state leaves the task. The input is
     coalesced (no shuffle) to one partition per task slot (:func:`~anisotropy_spark.keyed.coalesce_to_slots`):
     a task's memory is still one batch plus its state, and the states to merge are as many as the slots, not
-    as the input's partitions (measured at 1M × 384 in 12 splits on 2 cores, the pass then takes ≈ 1 s less)."""
+    as the input's partitions."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         state = fold(batch_matrix(b, vector_col, dimension, dtype=None) for b in batches if b.num_rows)
@@ -109,8 +108,7 @@ def sample_pass(vectors: DataFrame, vector_col: str, dimension: int, seed: int, 
     ``n``: the row count (default: ``vectors.count()``, a JVM-side pass). The keys are computed on the JVM
     (:func:`sample_key` of each row's ``monotonically_increasing_id``) and only the rows with keys under
     :func:`sample_threshold` (about ``size`` + 8·√``size`` of them) leave it, collected with ``toArrow``: no
-    vector is shipped into Python just to be dropped (measured at 1M × 384 float32 on 2 cores: ≈ 3 s, against
-    ≈ 9 s for the same pass keying every row in the Python workers). Should the bound miss (probability
+    vector is shipped into Python just to be dropped. Should the bound miss (probability
     < 1e-15, or a wrong ``n``), the rows are counted, the bound raised (to that count's, or twice the last) and
     the pass repeated, so the result is always the exact sample, and the driver gets about 2 · ``size`` rows at
     most."""

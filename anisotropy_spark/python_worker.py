@@ -6,10 +6,9 @@ Before every task, a worker calls ``importlib.invalidate_caches()`` (pyspark 4.0
 re-read lazy (gh-103200), and Spark calls it only when a task adds files (SPARK-54744, after 4.0).
 
 A worker holds 16 such importers: pyspark.zip, py4j's zip and spark-core's jar (5,261 entries), all on the
-PYTHONPATH Spark gives its workers, and one per package imported from them. Measured on this project's 2-core
-machine, that is 0.22–0.25 s of CPU before each task. In the diagnose moments pass at 1,000,000 × 384 (12 tasks)
-it was a third of the Python workers' CPU. In back-to-back runs the pass took 13.5–13.9 s with it and 9.2–9.6 s
-without it.
+PYTHONPATH Spark gives its workers, and one per package imported from them, so the cost is paid again before
+every task, in proportion to the archives' sizes and not to the task's work; in a pass of a few dozen tasks it
+was a large share of the Python workers' CPU (docs/design.md, timings in bench/RESULTS.md).
 
 :func:`reread_zip_archives_only_when_changed` makes ``zipimporter.invalidate_caches`` re-read an archive only when
 its size or modification time changed since that importer last read it. The first call on each importer always

@@ -52,9 +52,8 @@ class Duplicates:
 def id_scan_conf(master: str) -> dict[str, str]:
     """Session confs of the duplicate-id aggregate in a session on ``master``: :data:`ID_SCAN_CONF`, and in a
     ``local`` session one shuffle partition per local core. Only the ids are shuffled (8 MB for 1,000,000 long
-    ids), and on one machine Spark's default 200 shuffle partitions only add tiny tasks and blocks (at 1,000,000
-    rows on 2 cores, median of six warm calls: 0.89 s with 200, 0.71 s with 2). Off ``local`` the session's own
-    setting stays."""
+    ids), and on one machine Spark's default 200 shuffle partitions only add tiny tasks and blocks. Off ``local``
+    the session's own setting stays."""
     cores = local_cores(master)
     return {**ID_SCAN_CONF, **({"spark.sql.shuffle.partitions": str(cores)} if cores else {})}
 

@@ -12,16 +12,14 @@ Every session bounds the Arrow batches handed to Python workers by bytes as well
 memory depends on the batch budget, never on the number of rows or, beyond the budget, on d. The budget,
 :data:`ARROW_BATCH_BYTES` = 8 MiB (5,461 rows of 384 float32, where Spark's 10,000-row default makes 15 MB
 batches), keeps the few batches each task has in flight (being filled by the JVM, in the worker, being copied
-back into rows) closer to the size of a CPU's last-level cache: an identity ``mapInArrow`` round trip of 1,000,000 ×
-384 float32 (Delta read → worker → Delta write, 2 cores, four alternating rounds) took 1.27× a plain Delta copy's
-time and 1.28× its CPU against 1.32× and 1.31× with 32 MiB (README, bench section).
+back into rows) closer to the size of a CPU's last-level cache, which makes the JVM → Python → JVM round trip
+cheaper than with larger batches (docs/design.md, timings in bench/RESULTS.md).
 
 An embedded session starts its JVMs with Arrow Java's two documented speed switches
 (:data:`ARROW_JAVA_OPTIONS`), as Apache Iceberg's vectorized Spark reader also sets them: no bounds check on
 each Arrow buffer access and no null check inside Arrow's ``get`` (Spark checks ``isNullAt`` before every read).
-Spark's JVM ↔ Python transfer writes and reads every vector element through them; at 1,000,000 × 384 float32
-on 2 cores the ``mapInArrow`` round trip's cost over a plain Delta copy fell from 6.4–8.0 s to 4.6–5.5 s (five
-JVM launches each). The Arrow data these JVMs handle comes from Spark itself and from this package's Python
+Spark's JVM ↔ Python transfer writes and reads every vector element through them, so the checks are paid per
+element of every batch (docs/design.md). The Arrow data these JVMs handle comes from Spark itself and from this package's Python
 workers; Arrow's documentation warns against reading untrusted Arrow data without bounds checks. Options the
 caller passes in ``extra_conf`` come after them, so ``-Darrow.enable_unsafe_memory_access=false`` there turns
 the check back on. Under spark-submit nothing is added: pass them in ``--driver-java-options`` and
@@ -30,18 +28,17 @@ the check back on. Under spark-submit nothing is added: pass them in ``--driver-
 An embedded session also starts its JVMs with :data:`JIT_JAVA_OPTIONS`: HotSpot keeps compiling hot methods with
 profiling (its tier 3) however long the queue of its optimising compiler (C2) grows. By default, beyond 5 queued C2
 compiles per compiler thread it compiles them at tier 2, which records no receiver types (``-XX:Tier3DelayOn``).
-On a 2-core machine that queue is long while Spark starts, and in 5 of 13 JVM launches C2 then compiled the loop in
-which Spark copies every vector element from its columnar batches into rows (``ColumnarArray.getFloat``) with a
-virtual call per element (``-XX:+PrintInlining``: ``ColumnVector::getFloat virtual call``); that JVM's scan of
-1,000,000 × 384 float32 into the Python workers took 10.7–13.3 CPU-s instead of 6.5–9.5, for the life of the JVM.
-With the option all 9 launches measured ran at the fast speed, 6 of them beside a running test suite; a plain
-Delta copy and a JVM's first query took as long as without it (README, bench section). Options in
+On a machine with few cores that queue is long while Spark starts, and C2 may then compile the loop in which Spark
+copies every vector element from its columnar batches into rows (``ColumnarArray.getFloat``) with a virtual call
+per element (``-XX:+PrintInlining``: ``ColumnVector::getFloat virtual call``); that JVM's scans into the Python
+workers then stay slower for its whole life. With the option C2 always has the receiver-type profile, and a plain
+Delta copy or a JVM's first query is not slower (docs/design.md, timings in bench/RESULTS.md). Options in
 ``extra_conf`` come after it, so ``-XX:Tier3DelayOn=5`` there restores HotSpot's default; under spark-submit it
 is not added.
 
 An embedded ``local`` session also reads a Delta table's log state in one partition per local core, at most
-Delta's default of 50 (``spark.databricks.delta.snapshotPartitions``; 50 tasks cost ≈ 0.3–0.6 s on every query
-of a table on a 2-core machine).
+Delta's default of 50 (``spark.databricks.delta.snapshotPartitions``): on one machine, 50 tiny tasks before every
+query of a table cost more than they parallelise.
 
 Spark logs at WARN (no query-plan dumps), and Spark's console progress bar for long stages is
 on only when stderr is a terminal.

@@ -3,17 +3,16 @@ version's Parquet data files inside Spark tasks (:meth:`TableFiles.fold` for a p
 states, :meth:`TableFiles.map_batches` for one that maps them into a DataFrame Spark writes).
 
 In Spark 4.0 every batch a ``mapInArrow`` function receives is rebuilt on the JVM element by element from rows
-(JFR of the diagnose scan: 70 % of the JVM's samples in ``ArrowFieldWriter.write``); at 1,000,000 × 384 float32 on
-2 cores that costs 7–10 JVM CPU-s per pass, more than the moments math. A pass that only folds batches in Python
+(Spark's ``ArrowFieldWriter.write``), which costs the JVM more CPU than the moments math costs Python
+(docs/design.md). A pass that only folds batches in Python
 needs no rows. Here Delta (or Spark's listing of a Parquet directory) still resolves the pinned version's files
 (``DataFrame.inputFiles``), Spark runs the tasks (``parallelize``: its scheduling and retries) and the states still
 merge by ``treeReduce``; only the reading is pyarrow's. A first small Spark job reads the files' footers and lists
 their row groups (:meth:`TableFiles.row_groups`); the pass then runs one task per row group, the unit Spark's own
 scan splits files into, which reads it in batches of Spark's own Arrow batch size. A task holds one row group's
 column chunks at a time, as Spark's Parquet reader does: its memory depends on the writer's row group size (Spark
-and Delta write ≤ 128 MB), not on the number of rows. (Measured at 2,000,000 × 768 float32 on 2 cores, 8 files of
-6 row groups: one task per row group 23.6–24.8 s, one per file 28.7–31.3 s; streaming each row group through an
-8 MiB buffer instead of reading its column chunk whole cost 2 s more in the reading alone.)
+and Delta write ≤ 128 MB), not on the number of rows. One task per row group, each column chunk read whole, was
+faster than one task per file or than streaming a row group through a small buffer (bench/RESULTS.md).
 
 pyarrow reads the files' physical columns, so it is used only where they are exactly the version's rows and columns:
 

@@ -93,8 +93,7 @@ def parquet_moments(files: list[pathlib.Path], dim: int, threads: int = 1) -> Mo
     > 1: the files' row groups are shared by ``threads`` Python threads, each folding its own with single-threaded
     BLAS (threadpoolctl), merged in file and row-group order. pyarrow's reads and numpy's BLAS calls release the GIL,
     so the process computes on ``threads`` cores at once; numpy's code outside BLAS runs on one core in the loop.
-    At 1,000,000 × 384 on 2 cores (2026-12-07, warm) that took 3.4–5.0 s and 6.6–7.8 CPU-s against 5.0–7.0 s and
-    10.1–13.7 CPU-s for the loop (6.4–6.7 s and 6.4–6.7 CPU-s with its BLAS on one thread).
+    Returns the same moments either way; which is faster depends on the corpus (bench/RESULTS.md).
     """
     if threads == 1:
         return fold_batches((batch for file in files for batch in row_group_batches(file)), dim)

@@ -6,9 +6,9 @@ All compute the full centred covariance + eigendecomposition of the same float32
   floor   — one process, one thread per core of the Spark session (its default parallelism): pyarrow reads the
             Parquet row groups' batches as float32 numpy, each thread folds its row groups' batches into Moments in
             float64 with single-threaded BLAS, merged (Chan), then diagnose (the same accumulation as ours, no
-            Spark): the strongest single-process form measured here from 1,000,000 × 384 up
-  loop    — the same in one loop over the batches, numpy's BLAS with its own threads (the floor of the bench rows
-            before commit f7c5d78; faster than ``floor`` on small corpora, where starting threads costs more)
+            Spark): the faster single-process form on large corpora
+  loop    — the same in one loop over the batches, numpy's BLAS with its own threads (the floor of the earlier
+            bench rows; faster than ``floor`` on small corpora, where starting threads costs more)
   scan    — the part of ``spark`` that is Spark's, no math: Parquet → Arrow batches (float32) into the Python
             workers, which only count rows (the JVM decode + JVM→Python transfer and the tasks' start-up that
             ``spark`` pays on top of the floor's work)
