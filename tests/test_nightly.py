@@ -94,6 +94,10 @@ def test_publish_noop_gate_incremental_rollback(spark, tmp_path):
     assert D_chosen == 1 and first["applied"]["params"]["D"] == 1 and first["applied"]["refitted"]
     assert first["counts"]["invalid_rows"] == 3 and first["counts"]["output_rows"] == N
     assert stage(first, "validate")["reader"] == "pyarrow"           # the moments pass read the data files
+    # issue 43: the artefact test ran on the sample the moments pass drew; its significant u1 is the evidence
+    assert stage(first, "diagnose")["sample_source"] == "moments pass" and stage(first, "diagnose")["sample_rows"] == N
+    assert first["artefact"]["directions"][0]["significant"] and first["artefact"]["directions"][0]["p_adjusted"] < 0.05
+    assert first["recommendation"]["verified"] and first["recommendation"]["evidence"]["artefact_directions"] == [1]
     expected = fit_abtt(Moments.of_batch(X), D=D_chosen).apply(X)
     published = table(spark, output)
     assert sorted(published) == list(ids)
