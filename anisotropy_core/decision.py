@@ -193,7 +193,7 @@ def recommend(report: Mapping[str, Any], clusters: Mapping[str, Any] | None = No
     """The chapter-9 decision for one corpus.
 
     ``report``: :func:`anisotropy_core.diagnose` output (uses n, d, anisotropy_A, isotropic_sd, top1_var,
-    erank_frac, effective_rank, spectrum (d,), mp_above_upper, power_law_alpha, numerical_rank, and
+    erank_frac, spectrum (d,), mp_above_upper, power_law_alpha, numerical_rank, and
     ``A_sign_null`` when present). ``clusters``: optional
     :func:`anisotropy_core.clustering.cluster_diagnostics` output (``{"global", "clusters": [row...],
     "locally_isotropic"}``). ``artefact``: optional artefact test (per-direction or u1-only form, see the module
@@ -218,6 +218,7 @@ def recommend(report: Mapping[str, Any], clusters: Mapping[str, Any] | None = No
                 "candidate_D": candidate_d(n, d, len(removable), mp_count), "whitening_k": k}
     steep = math.isfinite(alpha) and alpha >= t.steep_alpha
     spiky = top1 >= t.spike_top1 and above >= 1
+    concentrated = steep or spiky or above >= 1
     rec = _mixture(clusters, t, evidence, above)
     if rec is None and removable:
         rec = Recommendation("abtt", D=len(removable), directions=removable, reasons=[
@@ -229,8 +230,8 @@ def recommend(report: Mapping[str, Any], clusters: Mapping[str, Any] | None = No
                                f"directions then whitening-k (k = {k}) is a candidate to score on held-out queries")
         evidence["D_rule"] = rule
     if rec is None:
-        rec = _center_or_none(report, t, sigmas, null, alpha, top1, steep or spiky or above >= 1)
-        if steep or spiky or above >= 1:
+        rec = _center_or_none(report, t, sigmas, null, alpha, top1, concentrated)
+        if concentrated:
             rec.reasons.append(_candidates_reason(t, evidence, steep, spiky))
     if protected:
         rec.reasons.append(f"protect_label_direction keeps principal direction(s) {protected} although the artefact "
