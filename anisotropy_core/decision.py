@@ -4,7 +4,7 @@ The seed's decision tree lost its figure; this is the tree its chapters 1, 3, 6,
 down so it can be tested and so a nightly job can record *why* it corrected (or did not correct) a corpus.
 Its one rule: **nothing is deleted or whitened without evidence** ("artefact evidence … before you are allowed
 to delete anything"). The evidence :func:`recommend` can see is the per-direction artefact test with its
-permutation null (:mod:`anisotropy_core.artefact_test`); the other route, a held-out evaluation that shows a
+permutation null (:mod:`anisotropy_core.artefact_evidence`); the other route, a held-out evaluation that shows a
 removal helps, runs outside it (:mod:`anisotropy_core.evaluation`). :func:`recommend` walks these branches in
 order and stops at the first that fires:
 
@@ -41,7 +41,7 @@ Guards applied after the branch (each adds a reason or warning, never silently):
   the warning says it is artefact and signal at once ("neither prescription is right").
 * n < ``min_n_per_d``·d → warning that the spectrum (and any fit) is noisy; numerical rank < d → warning.
 
-``artefact`` is the per-direction test (:func:`anisotropy_core.artefact_test.direction_test`: ``{"directions":
+``artefact`` is the per-direction test (:func:`anisotropy_core.artefact_evidence.direction_test`: ``{"directions":
 [{"index", "eigenvalue", "abs_corr", "abs_spearman", "p_adjusted", "label_separation", "label_p_adjusted"}…]}``);
 the older u1-only form (``{"abs_corr", "label_means"}``) is read as direction 1. A row without ``p_adjusted``
 (no null was run) is reported, never evidence.
@@ -54,7 +54,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .artefact_test import DEFAULT_ALPHA, DEFAULT_PERMUTATIONS
+from .artefact_evidence import DEFAULT_ALPHA, DEFAULT_PERMUTATIONS
 from .transforms import choose_directions, max_abs_corr, rule_of_thumb_d
 
 METHODS = ("none", "center", "abtt", "whitening", "cluster_recenter")

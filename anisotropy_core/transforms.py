@@ -434,7 +434,7 @@ def choose_directions(eigenvalues: np.ndarray, n: int, d: int, rule: str = "rule
       gives none. For n ≤ d the null is uninformative and the rule of thumb is used.
     * ``"artefact"`` — the directions above the MP edge whose |Pearson| or |Spearman| with any metadata column
       reaches ``artefact_corr`` (seed chapter 3, Step B). ``artefact_directions``: the rows the artefact test
-      flagged significant (:mod:`anisotropy_core.artefact_test`), ``[{"index", "abs_corr": {col: |corr|}}…]``.
+      flagged significant (:mod:`anisotropy_core.artefact_evidence`), ``[{"index", "abs_corr": {col: |corr|}}…]``.
     """
     if rule not in DIRECTION_RULES:
         raise ValueError(f"unknown direction rule {rule!r}; choose one of {list(DIRECTION_RULES)}")
@@ -510,8 +510,8 @@ def fit_whitening(data: FitData, k: int | None = None, shrinkage: float = 0.0, e
                   zca: bool = False, normalize: bool = False, exclude: list[int] | None = None) -> Whitening:
     """Whitening-k from ``data``: W = U_k Λ_k^{-1/2} (d, k), or ZCA U_k Λ_k^{-1/2} U_kᵀ (d, d).
 
-    ``k``: kept directions (default min(d, r) − len(exclude), r below); ``shrinkage`` α ∈ [0, 1]: Σ ← (1−α)Σ + α(tr Σ/d)I (same
-    eigenvectors, eigenvalues (1−α)λ + α tr Σ/d); ``eps`` > 0: eigenvalues below eps·λ₁ are clamped to eps·λ₁
+    ``k``: kept directions (default min(d, r) − len(exclude), r below); ``shrinkage`` α ∈ [0, 1]:
+    Σ ← (1−α)Σ + α(tr Σ/d)I (same eigenvectors, eigenvalues (1−α)λ + α tr Σ/d); ``eps`` > 0: eigenvalues below eps·λ₁ are clamped to eps·λ₁
     (1/√0 would be an inf; the clamped count is reported as ``clamped``). With n < d and no shrinkage the data
     span only r ≤ n − 1 directions, from rows (the Gram route knows only those) or from a moments state alike:
     k defaults to r − len(exclude) and a larger k is refused (the seed's "whitening-k with k < n"; chapter 6: a

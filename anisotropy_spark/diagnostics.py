@@ -1,5 +1,5 @@
 """Corpus-scale diagnosis on Spark: one moments pass (which also draws the uniform driver sample the per-direction
-artefact test runs on: :func:`anisotropy_core.artefact_test.sample_artefact_test`), projections, the sample."""
+artefact test runs on: :func:`anisotropy_core.artefact_evidence.sample_artefact_test`), projections, the sample."""
 from __future__ import annotations
 
 from typing import Iterator

@@ -77,7 +77,8 @@ class _AllButTheTopParams(_CorrectionParams):
 
 
 class _WhiteningParams(_CorrectionParams):
-    """Whitening-k: ``k`` kept directions (None = d, or the rank n − 1 when n ≤ d without shrinkage), ``shrinkage``, ``eps`` clamp, ``zca``, ``normalize``."""
+    """Whitening-k: ``k`` kept directions (None = d, or the rank n − 1 when n ≤ d without shrinkage),
+    ``shrinkage``, ``eps`` clamp, ``zca``, ``normalize``."""
 
     k = Param(Params._dummy(), "k", "kept directions; None = min(d, n - 1)", typeConverter=TypeConverters.toInt)
     shrinkage = Param(Params._dummy(), "shrinkage", "α: Σ ← (1−α)Σ + α tr(Σ)/d I",

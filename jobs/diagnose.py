@@ -25,7 +25,7 @@ import numpy as np
 from pyspark.sql import DataFrame, SparkSession
 
 from anisotropy_core import storage
-from anisotropy_core.artefact_test import DEFAULT_DIRECTIONS, sample_artefact_test
+from anisotropy_core.artefact_evidence import DEFAULT_DIRECTIONS, sample_artefact_test
 from anisotropy_core.decision import DecisionThresholds, recommend
 from anisotropy_core.diagnostics import Diagnosis, diagnose, plain_scalar
 from anisotropy_core.isotropy_measures import (isoscore_from_spectrum, partition_ratio, sampling_noise,
@@ -127,10 +127,10 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
     ids, the quarantine extraction (only when invalid rows exist), a sample pass (only when the moments pass could
     not supply the sample: duplicated ids, or fewer rows drawn than needed) and k-means (only with ``cluster_k``).
     The per-direction artefact test runs on the driver sample (metadata and label columns drawn with it), with its
-    permutation null (:mod:`anisotropy_core.artefact_test`): no pass of its own. Nothing is cached; each stage logs one line, the
-    moments stage's record says what read the vectors (``reader``: pyarrow reads the data files in Spark tasks where
-    it can, ``vector_reader``, :mod:`anisotropy_spark.table_files`) and the sample stage's where its rows came from
-    (``source``).
+    permutation null (:mod:`anisotropy_core.artefact_evidence`): no pass of its own. Nothing is cached; each stage
+    logs one line, the moments stage's record says what read the vectors (``reader``: pyarrow reads the data files
+    in Spark tasks where it can, ``vector_reader``, :mod:`anisotropy_spark.table_files`) and the sample stage's
+    where its rows came from (``source``).
 
     The result's private ``_sample`` entry holds (vectors (m, d), {metadata column: (m,)}), a random sample of
     at most ``sample_size`` valid rows used for the artefact test, the in-memory measures and the pictures; it is
@@ -213,7 +213,7 @@ def sampled_columns(config) -> list[str]:
 
 def artefact_of_sample(vectors: np.ndarray, columns: dict, report, metadata_cols: list[str], label_col: str | None,
                        directions: int, decision: DecisionThresholds, seed: int) -> dict:
-    """The per-direction artefact test (:func:`anisotropy_core.artefact_test.sample_artefact_test`) of the driver
+    """The per-direction artefact test (:func:`anisotropy_core.artefact_evidence.sample_artefact_test`) of the driver
     sample, with the decision's thresholds (``artefact_alpha``, ``artefact_permutations``, ``artefact_corr``,
     ``label_separation``) and ``seed``."""
     return sample_artefact_test(vectors, columns, report, metadata_cols, label_col, directions,

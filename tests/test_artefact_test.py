@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from anisotropy_core import diagnose
-from anisotropy_core.artefact_test import direction_test, max_t_pvalues, ranks, sample_artefact_test
+from anisotropy_core.artefact_evidence import direction_test, max_t_pvalues, ranks, sample_artefact_test
 
 
 def test_permutation_null_holds_the_family_wise_rate_at_small_n_where_pearson_alone_does_not():

@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 
 from anisotropy_core import diagnose
-from anisotropy_core.artefact_test import sample_artefact_test
+from anisotropy_core.artefact_evidence import sample_artefact_test
 from anisotropy_core.clustering import assign, cluster_diagnostics, cluster_moments, fit_cluster_recenter, prepare
 from anisotropy_core.decision import DecisionThresholds, recommend, whitening_k
-from anisotropy_core.diagnostics import artefact_test, project_on_u1
+from anisotropy_core.diagnostics import project_on_u1
 from anisotropy_core.synthetic import cone, mixture, pencil
 from anisotropy_core.transforms import fit_abtt
 
