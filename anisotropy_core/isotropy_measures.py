@@ -6,8 +6,9 @@
   vector, rescaled so that a cloud spreading its variance equally over k of d dimensions has fraction
   φ = k/d and scores ι = (k − 1)/(d − 1); 1 = isotropic, 0 = one direction.
 * :func:`sign_structure_null` — chapter 8: for effectively non-negative data (post-ReLU, SAE codes) the
-  cosine of two unrelated vectors is m²/s > 0, not 0: q/2 for sparse Exp(1) codes firing with rate q,
-  1/π for dense ReLU of Gaussians; K = q·d active features per vector.
+  cosine of two unrelated vectors is m²/s > 0, not 0, with m and s measured from the data: q/2 for sparse
+  Exp(1) codes firing with rate q, 1/π for dense ReLU of Gaussians, ½ for dense Exp(1); K = q·d active features
+  per vector.
 * :func:`isotropic_anisotropy_se`, :func:`null_effective_rank`, :func:`mp_effective_rank`,
   :func:`sampling_noise` — how large A and the effective rank are for pure isotropic noise of this n and d,
   so a report can say whether a finding exceeds sampling noise (seed: erank 711 at n = 5000, 633 at
@@ -26,7 +27,7 @@ from .moments import Moments
 
 NEGATIVE_TOLERANCE = 0.01   # "effectively non-negative": under 1 % of the entries are negative (seed ch. 8)
 ACTIVE_THRESHOLD = 1e-6     # an entry above this counts as an active feature
-SPARSE_RATE = 0.3           # below this activation rate the sparse q/2 null applies, above it dense 1/π
+SPARSE_RATE = 0.3           # below this activation rate the regime is reported 'sparse', above it 'dense'
 
 
 def _logsumexp(a: np.ndarray, axis: int = 0) -> np.ndarray:
@@ -86,21 +87,28 @@ def nonnegative_null(mean: float, second_moment: float) -> float:
 
 
 def sign_structure_null(vectors: np.ndarray) -> dict:
-    """The right zero for A, chosen by the sign structure of ``vectors`` (n, d).
+    """The right zero for A, chosen by the sign structure of ``vectors`` (n, d) (seed chapter 8).
+
+    For effectively non-negative data (under ``NEGATIVE_TOLERANCE`` of the entries negative) the cosine of two
+    unrelated vectors whose coordinates are iid non-negative with mean m and second moment s = E[x²] is m²/s
+    (:func:`nonnegative_null`); m and s are measured over all entries of ``vectors`` (pooled across coordinates:
+    the null of the sign structure alone, not of a direction the vectors share). Dense half-normal (ReLU of a
+    Gaussian) gives 1/π, dense Exp(1) ½, and a sparse code firing at rate q with Exp(1) values
+    m²/s = q²/(2q) = q/2 — chapter 8's sparse regime falls out of the same formula. Sign-symmetric data: 0.
 
     Returns ``{"nonnegative", "negative_fraction", "active_rate" q, "K" (= q·d, active features per vector),
-    "regime" ('sign-symmetric' | 'sparse' | 'dense'), "null"}`` with null 0 for sign-symmetric data,
-    q/2 for sparse non-negative codes (q < 0.3), 1/π for dense ones.
+    "mean_coordinate" m, "second_moment" s, "regime" ('sign-symmetric' | 'sparse' (q < ``SPARSE_RATE``) |
+    'dense'), "null"}``; the regime is reported, the null is m²/s in both non-negative regimes.
     """
     x = np.asarray(vectors, dtype=np.float64)
     negative = float((x < 0).mean())
-    out = {"nonnegative": negative < NEGATIVE_TOLERANCE, "negative_fraction": negative,
-           "active_rate": None, "K": None, "regime": "sign-symmetric", "null": 0.0}
+    out = {"nonnegative": negative < NEGATIVE_TOLERANCE, "negative_fraction": negative, "active_rate": None,
+           "K": None, "mean_coordinate": None, "second_moment": None, "regime": "sign-symmetric", "null": 0.0}
     if out["nonnegative"]:
         q = float((x > ACTIVE_THRESHOLD).mean())
-        sparse = q < SPARSE_RATE
-        out.update(active_rate=q, K=q * x.shape[1], regime="sparse" if sparse else "dense",
-                   null=q / 2 if sparse else 1 / np.pi)
+        m, s = float(x.mean()), float(np.square(x).mean())
+        out.update(active_rate=q, K=q * x.shape[1], mean_coordinate=m, second_moment=s,
+                   regime="sparse" if q < SPARSE_RATE else "dense", null=nonnegative_null(m, s) if s > 0 else 0.0)
     return out
 
 

@@ -404,9 +404,16 @@ def fit_center(data: FitData) -> Center:
 
 
 DIRECTION_RULES = ("explicit", "marchenko_pastur", "artefact", "rule_of_thumb")
+RULE_OF_THUMB = "rule_of_thumb_d/100 (unverified)"   # the d_rule a fit records when no evidence chose D
 
 
-def choose_directions(eigenvalues: np.ndarray, n: int, d: int, rule: str = "marchenko_pastur",
+def rule_of_thumb_d(d: int) -> int:
+    """The textbook's starting point for ABTT, max(1, round(d/100)) (Mu & Viswanath; "a starting point, not an
+    answer"): the default D when neither D nor evidence-backed directions are given."""
+    return max(1, round(d / 100))
+
+
+def choose_directions(eigenvalues: np.ndarray, n: int, d: int, rule: str = "rule_of_thumb",
                       D: int | None = None, indices: list[int] | None = None, max_D: int | None = None,
                       artefact_directions: list[dict] | None = None,
                       artefact_corr: float = 0.5) -> tuple[list[int], str]:
@@ -416,20 +423,23 @@ def choose_directions(eigenvalues: np.ndarray, n: int, d: int, rule: str = "marc
 
     * ``"explicit"`` — ``indices`` (any set, e.g. [1, 3]) or the top ``D``. At most min(d − 1, n − 1)
       directions (the rank of the centred data), each index in 1..d.
+    * ``"rule_of_thumb"`` (default) — the top max(1, round(d/100)) (:func:`rule_of_thumb_d`), at most
+      ``max_D``; recorded as ``RULE_OF_THUMB`` ("rule_of_thumb_d/100 (unverified)"): nothing showed that these
+      directions are artefacts.
     * ``"marchenko_pastur"`` — the directions above the Marchenko–Pastur upper edge σ²(1+√(d/n))² of an
-      isotropic cloud with the same total variance (σ² = tr Σ / d): a measurement of how many directions are
-      signal rather than sampling noise. Uncapped unless ``max_D`` is given (``"marchenko_pastur_capped"``
-      when the cap bit). Zero above the edge gives none (ABTT reduces to centring; seed chapter 7, failure
-      six). For n ≤ d the null is uninformative and the rule of thumb is used (``"rule_of_thumb_d/100"``).
-    * ``"artefact"`` — the directions above the MP edge whose |corr| with any metadata column reaches
-      ``artefact_corr`` (seed chapter 3, Step B: contamination measured per component).
-      ``artefact_directions``: the per-direction artefact test, ``[{"index", "abs_corr": {col: |corr|}}…]``.
-    * ``"rule_of_thumb"`` — the top max(1, round(d/100)) (Mu & Viswanath; "a starting point, not an answer").
+      isotropic cloud with the same total variance (σ² = tr Σ / d): how many directions are more than sampling
+      noise — a diagnostic and the upper end of the candidate grid, not evidence that they are artefacts.
+      Uncapped unless ``max_D`` is given (``"marchenko_pastur_capped"`` when the cap bit). Zero above the edge
+      gives none. For n ≤ d the null is uninformative and the rule of thumb is used.
+    * ``"artefact"`` — the directions above the MP edge whose |Pearson| or |Spearman| with any metadata column
+      reaches ``artefact_corr`` (seed chapter 3, Step B). ``artefact_directions``: the rows the artefact test
+      flagged significant (:mod:`anisotropy_core.artefact_evidence`), ``[{"index", "abs_corr": {col: |corr|}}…]``.
     """
     if rule not in DIRECTION_RULES:
         raise ValueError(f"unknown direction rule {rule!r}; choose one of {list(DIRECTION_RULES)}")
+    if max_D is not None and max_D < 0:
+        raise ValueError(f"max_D must be >= 0, got {max_D}")
     limit = min(d - 1, max(n - 1, 0))
-    thumb = min(max(1, round(d / 100)), limit)
     lam = np.asarray(eigenvalues, dtype=np.float64)
     _, upper = marchenko_pastur_edges(n, d, variance=float(lam.sum()) / d)
     above = int((lam > upper).sum())
@@ -444,32 +454,36 @@ def choose_directions(eigenvalues: np.ndarray, n: int, d: int, rule: str = "marc
                              f"and D <= n-1={n - 1})")
         return chosen, "explicit"
     if rule == "rule_of_thumb" or (rule == "marchenko_pastur" and n <= d):
-        return list(range(1, thumb + 1)), "rule_of_thumb_d/100"
+        count = min(rule_of_thumb_d(d), limit, max_D if max_D is not None else d)
+        return list(range(1, count + 1)), RULE_OF_THUMB
     if rule == "artefact":
         return sorted(int(row["index"]) for row in artefact_directions or []
                       if int(row["index"]) <= above and max_abs_corr(row)[1] >= artefact_corr), "artefact"
-    if max_D is not None and max_D < 0:
-        raise ValueError(f"max_D must be >= 0, got {max_D}")
     capped = max_D is not None and above > max_D
     count = min(max_D if capped else above, limit)
     return list(range(1, count + 1)), "marchenko_pastur_capped" if capped else "marchenko_pastur"
 
 
 def max_abs_corr(direction: dict) -> tuple[str | None, float]:
-    """(column, |corr|) of the metadata column most correlated with one direction's projection; (None, 0.0)
-    when no column has a defined correlation. ``direction``: ``{"abs_corr": {column: |corr| | None}, …}``."""
-    known = {k: v for k, v in direction.get("abs_corr", {}).items() if v is not None}
+    """(column, |corr|) of the metadata column most correlated with one direction's projection, the larger of
+    |Pearson| (``abs_corr``) and |Spearman| (``abs_spearman``, when present) per column; (None, 0.0) when no
+    column has a defined correlation. ``direction``: ``{"abs_corr": {column: |corr| | None}, …}``."""
+    known: dict[str, float] = {}
+    for key in ("abs_corr", "abs_spearman"):
+        for column, value in (direction.get(key) or {}).items():
+            if value is not None:
+                known[column] = max(known.get(column, 0.0), float(value))
     if not known:
         return None, 0.0
     name = max(known, key=known.get)
-    return name, float(known[name])
+    return name, known[name]
 
 
 def choose_d(eigenvalues: np.ndarray, n: int, d: int, D: int | None = None,
              max_D: int | None = None) -> tuple[int, str]:
-    """How many top directions to remove, and the rule: ``D`` given → ``"explicit"``, else the
-    Marchenko–Pastur count of :func:`choose_directions` (uncapped unless ``max_D``)."""
-    chosen, rule = choose_directions(eigenvalues, n, d, "explicit" if D is not None else "marchenko_pastur",
+    """How many top directions to remove, and the rule: ``D`` given → ``"explicit"``, else the rule of thumb
+    max(1, round(d/100)) at most ``max_D``, recorded unverified (:func:`choose_directions`)."""
+    chosen, rule = choose_directions(eigenvalues, n, d, "explicit" if D is not None else "rule_of_thumb",
                                      D=D, max_D=max_D)
     return len(chosen), rule
 
@@ -480,10 +494,12 @@ def fit_abtt(data: FitData, D: int | None = None, max_D: int | None = None, dire
     """All-but-the-Top from the CENTRED covariance of ``data`` (moments, or rows: n < d → Gram route).
 
     The removed set comes from :func:`choose_directions`: ``rule`` defaults to ``"explicit"`` when ``D`` or
-    ``directions`` (1-based indices, any set) is given, else ``"marchenko_pastur"``.
+    ``directions`` (1-based indices, any set) is given, else ``"rule_of_thumb"``: the top max(1, round(d/100))
+    (at most ``max_D``), recorded as ``d_rule`` "rule_of_thumb_d/100 (unverified)". The Marchenko–Pastur count
+    is a diagnostic (``rule="marchenko_pastur"``), never the default.
     """
     p = principal(data)                                # (d,), (d, r) columns, sign-canonical
-    rule = rule or ("explicit" if D is not None or directions is not None else "marchenko_pastur")
+    rule = rule or ("explicit" if D is not None or directions is not None else "rule_of_thumb")
     chosen, used = choose_directions(p.eigenvalues, p.n, p.d, rule, D=D, indices=directions, max_D=max_D,
                                      artefact_directions=artefact_directions, artefact_corr=artefact_corr)
     return AllButTheTop(p.mean, p.vectors[:, [j - 1 for j in chosen]].T, p.eigenvalues, used, chosen)
@@ -493,13 +509,15 @@ def fit_whitening(data: FitData, k: int | None = None, shrinkage: float = 0.0, e
                   zca: bool = False, normalize: bool = False, exclude: list[int] | None = None) -> Whitening:
     """Whitening-k from ``data``: W = U_k Λ_k^{-1/2} (d, k), or ZCA U_k Λ_k^{-1/2} U_kᵀ (d, d).
 
-    ``k``: kept directions (default d − len(exclude)); ``shrinkage`` α ∈ [0, 1]: Σ ← (1−α)Σ + α(tr Σ/d)I (same
-    eigenvectors, eigenvalues (1−α)λ + α tr Σ/d); ``eps`` > 0: eigenvalues below eps·λ₁ are clamped to eps·λ₁
-    (1/√0 would be an inf; the clamped count is reported as ``clamped``). Rows with n < d take the Gram route,
-    which knows only the r ≤ n − 1 directions the data spans: there k must be ≤ r (the seed's "whitening-k
-    with k < n"). ``exclude``: 1-based principal directions dropped before the k are kept — ABTT of those
-    directions then whitening, in one matrix (ABTT's projector commutes with Σ, so Σ's other eigenpairs are
-    unchanged).
+    ``k``: kept directions (default min(d, r) − len(exclude), r below); ``shrinkage`` α ∈ [0, 1]:
+    Σ ← (1−α)Σ + α(tr Σ/d)I (same eigenvectors, eigenvalues (1−α)λ + α tr Σ/d); ``eps`` > 0: eigenvalues below eps·λ₁ are clamped to eps·λ₁
+    (1/√0 would be an inf; the clamped count is reported as ``clamped``). With n < d and no shrinkage the data
+    span only r ≤ n − 1 directions, from rows (the Gram route knows only those) or from a moments state alike:
+    k defaults to r − len(exclude) and a larger k is refused (the seed's "whitening-k with k < n"; chapter 6: a
+    clamped null direction would scale a held-out vector's component there by 1/√(eps·λ₁)). Shrinkage > 0 makes
+    the shrunk covariance full rank, so all d directions may be kept. ``exclude``: 1-based principal directions
+    dropped before the k are kept — ABTT of those directions then whitening, in one matrix (ABTT's projector
+    commutes with Σ, so Σ's other eigenpairs are unchanged).
     """
     if not 0.0 <= shrinkage <= 1.0:
         raise ValueError(f"shrinkage must be in [0, 1], got {shrinkage}")
@@ -510,10 +528,10 @@ def fit_whitening(data: FitData, k: int | None = None, shrinkage: float = 0.0, e
     dropped = sorted(set(int(j) for j in exclude or []))
     if any(not 1 <= j <= p.vectors.shape[1] for j in dropped):
         raise ValueError(f"exclude={dropped} must hold indices in 1..{p.vectors.shape[1]}")
-    k = d - len(dropped) if k is None else int(k)
+    spanned = (p.vectors.shape[1] if shrinkage else min(p.vectors.shape[1], p.n - 1)) - len(dropped)
+    k = min(d - len(dropped), spanned) if k is None else int(k)
     if not 1 <= k <= d - len(dropped):
         raise ValueError(f"k={k} must satisfy 1 <= k <= d - len(exclude) = {d - len(dropped)}")
-    spanned = p.vectors.shape[1] - len(dropped)
     if k > spanned:
         raise ValueError(f"k={k} exceeds the {spanned} directions that n={p.n} vectors span in "
                          f"d={d}{' (after exclude)' if dropped else ''}: with n < d use k <= {spanned}")
@@ -537,7 +555,7 @@ def fit_abtt_pca_abtt(data: FitData, D: int | None = None, k: int | None = None,
 
     Every step is fitted from the previous step's output covariance (MᵀΣM from the same moments state, or
     the mapped rows), so it is one pass over the data. D and D2 default to :func:`choose_d` on their own
-    spectra; k defaults to ⌈d/3⌉ (the seed's 768 → 256).
+    spectra (the rule of thumb, recorded unverified); k defaults to ⌈d/3⌉ (the seed's 768 → 256).
     """
     first = fit_abtt(data, D, max_D)
     p = principal(data)

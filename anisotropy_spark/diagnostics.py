@@ -1,4 +1,5 @@
-"""Corpus-scale diagnosis on Spark: one moments pass, then the cheap per-direction artefact pass."""
+"""Corpus-scale diagnosis on Spark: one moments pass (which also draws the uniform driver sample the per-direction
+artefact test runs on: :func:`anisotropy_core.artefact_evidence.sample_artefact_test`), projections, the sample."""
 from __future__ import annotations
 
 from typing import Iterator
@@ -11,7 +12,6 @@ from pyspark.sql import functions as F
 from anisotropy_core.diagnostics import Diagnosis, diagnose
 
 from .arrow import batch_matrix
-from .contract import require_columns
 from .moments import corpus_moments
 from .row_sample import as_sample, keep_at_most, sample_fraction
 
@@ -21,9 +21,6 @@ PROJECTION_COL = "u1_projection"
 def diagnose_dataframe(df: DataFrame, vector_col: str, dimension: int) -> Diagnosis:
     """:func:`anisotropy_core.diagnose` of the valid rows of ``df`` (``array<float|double>`` vectors)."""
     return diagnose(corpus_moments(df, vector_col, dimension))
-
-
-DEFAULT_DIRECTIONS = 10   # principal directions the per-direction artefact test looks at
 
 
 def with_projections(df: DataFrame, vector_col: str, mean: np.ndarray, directions: np.ndarray,
@@ -52,60 +49,6 @@ def with_projections(df: DataFrame, vector_col: str, mean: np.ndarray, direction
 def with_u1_projection(df: DataFrame, vector_col: str, report: dict) -> DataFrame:
     """``df`` without the vector column, plus ``u1_projection`` = (v − μ)·u1 (double), via Arrow batches."""
     return with_projections(df, vector_col, report["mean"], np.asarray(report["u1"])[:, None], [PROJECTION_COL])
-
-
-def u1_artefact_test(df: DataFrame, vector_col: str, report: dict, metadata_cols: list[str],
-                     label_col: str | None = None, directions: int = DEFAULT_DIRECTIONS) -> dict:
-    """The seed's fifth number on Spark, per principal direction (seed chapter 3, Step B).
-
-    Projects every row on the top ``directions`` (K, at most d) principal directions in one Arrow pass, then
-    one aggregate of Spark's ``covar_pop``/``var_pop`` (centred co-moments, stable for large offsets; see
-    :func:`abs_correlation`) gives |corr(projection_j, column)| for every numeric metadata column, and one ``groupBy`` the mean
-    projection per label. Returns ``{"abs_corr", "label_means"}`` for u1 (as before) plus
-    ``"directions": [{"index": j (1-based), "eigenvalue": λ_j, "abs_corr": {column: |corr| | None},
-    "label_separation": (max − min label mean)/√λ_j | None}…]``. A constant column has no correlation: None.
-    """
-    require_columns(df.columns, metadata_cols + ([label_col] if label_col else []), "metadata")
-    if directions < 1:
-        raise ValueError(f"directions must be >= 1, got {directions}")
-    k = min(int(directions), int(report["d"]))
-    names = [PROJECTION_COL] + [f"_p{j}" for j in range(2, k + 1)]
-    basis = np.asarray(report["principal_directions"])[:, :k] if "principal_directions" in report \
-        else np.asarray(report["u1"])[:, None]
-    names = names[:basis.shape[1]]
-    projected = with_projections(df.select(vector_col, *metadata_cols, *([label_col] if label_col else [])),
-                                 vector_col, report["mean"], basis, names)
-    corr = {}
-    if metadata_cols:
-        columns = {c: F.col(c).cast("double") for c in metadata_cols}
-        row = projected.agg(*[F.var_pop(x).alias(f"var|{x}") for x in names],
-                            *[F.var_pop(columns[c]).alias(f"var|{c}") for c in metadata_cols],
-                            *[F.covar_pop(p, columns[c]).alias(f"{p}|{c}") for p in names for c in metadata_cols]
-                            ).first()
-        corr = {(p, c): abs_correlation(row[f"{p}|{c}"], row[f"var|{p}"], row[f"var|{c}"])
-                for p in names for c in metadata_cols}
-    means = {}
-    if label_col:
-        for r in projected.groupBy(label_col).agg(*[F.mean(p).alias(p) for p in names]).collect():
-            means[r[label_col]] = [float(r[p]) for p in names]
-    spectrum = np.asarray(report["spectrum"], dtype=np.float64)
-    rows = []
-    for j, p in enumerate(names):
-        spread = [m[j] for m in means.values()]
-        sd = float(np.sqrt(spectrum[j]))
-        rows.append({"index": j + 1, "eigenvalue": float(spectrum[j]),
-                     "abs_corr": {c: corr[(p, c)] for c in metadata_cols},
-                     "label_separation": (max(spread) - min(spread)) / sd if len(spread) >= 2 and sd > 0 else None})
-    return {"abs_corr": rows[0]["abs_corr"], "label_means": {label: m[0] for label, m in means.items()},
-            "directions": rows}
-
-
-def abs_correlation(covariance: float | None, variance_x: float | None, variance_y: float | None) -> float | None:
-    """|corr| from Spark's ``covar_pop`` and ``var_pop`` (centred co-moments, stable for large offsets); None
-    when a side is constant or missing (Spark's ``corr`` would divide by zero under ANSI mode)."""
-    if covariance is None or not variance_x or not variance_y or variance_x <= 0 or variance_y <= 0:
-        return None
-    return min(1.0, abs(float(covariance)) / float(np.sqrt(variance_x * variance_y)))
 
 
 def sample_rows(df: DataFrame, vector_col: str, dimension: int, columns: list[str], size: int,

@@ -216,8 +216,10 @@ class CenterEstimator(CorrectionEstimator):
 class AllButTheTopEstimator(CorrectionEstimator, _AllButTheTopParams):
     """Centre, then remove the top-D directions of the centred covariance (seed chapter 3).
 
-    ``D`` (default None = choose by measurement: eigenvalues above the Marchenko–Pastur edge, capped at
-    ``maxD``, default round(d/100); d/100 when n ≤ d). The fitted model's ``transform_.d_rule`` says which.
+    ``D`` (default None = the textbook's starting point max(1, round(d/100)), at most ``maxD``, recorded as
+    ``transform_.d_rule`` "rule_of_thumb_d/100 (unverified)": "a starting point, not an answer"), or
+    ``directions`` (e.g. the artefact test's significant set). The Marchenko–Pastur count is a diagnostic of
+    :func:`anisotropy_core.diagnose`, never the default.
     """
 
     @keyword_only
@@ -289,7 +291,7 @@ class WhiteningEstimator(CorrectionEstimator, _WhiteningParams):
 class AbttPcaAbttEstimator(CorrectionEstimator, _AbttPcaAbttParams):
     """ABTT (D) → PCA-k → ABTT refitted on the reduced output (D2) (seed ch. 3, "Does it compose?").
 
-    ``D``/``D2`` default to the measured count (as :class:`AllButTheTopEstimator`), ``k`` to ⌈d/3⌉; one pass.
+    ``D``/``D2`` default to the rule of thumb (as :class:`AllButTheTopEstimator`), ``k`` to ⌈d/3⌉; one pass.
     """
 
     @keyword_only

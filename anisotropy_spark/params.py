@@ -1,7 +1,7 @@
 """The Params of every correction, as pyspark.ml's ``_XParams`` mixins shared by each Estimator and its Model.
 
 One name per concept everywhere (Params, job configs, the numpy core): ``D`` directions removed, ``maxD``
-(config ``max_D``) the cap on a measured D, ``k`` kept directions (whitening) or clusters (cluster
+(config ``max_D``) the cap on a default D, ``k`` kept directions (whitening) or clusters (cluster
 recentering), ``distanceMeasure`` (config ``distance_measure``). Config keys are the snake_case spelling of
 the Param names (:func:`param_name`).
 """
@@ -51,12 +51,13 @@ class HasOutputDtype(Params):
 
 
 class _AllButTheTopParams(_CorrectionParams):
-    """``D`` directions removed (None = Marchenko–Pastur count, uncapped unless ``maxD``), or ``directions``:
-    the 1-based principal-component indices to remove (any set, e.g. [1, 3]; overrides ``D``)."""
+    """``D`` directions removed (None = the textbook's starting point max(1, round(d/100)), at most ``maxD``,
+    recorded as d_rule "rule_of_thumb_d/100 (unverified)"), or ``directions``: the 1-based principal-component
+    indices to remove (any set, e.g. [1, 3]; overrides ``D``)."""
 
-    D = Param(Params._dummy(), "D", "directions to remove; None = Marchenko–Pastur count",
+    D = Param(Params._dummy(), "D", "directions to remove; None = max(1, round(d/100)), unverified",
               typeConverter=TypeConverters.toInt)
-    maxD = Param(Params._dummy(), "maxD", "cap on the measured D; None = uncapped",
+    maxD = Param(Params._dummy(), "maxD", "cap on the default D; None = uncapped",
                  typeConverter=TypeConverters.toInt)
     directions = Param(Params._dummy(), "directions", "1-based principal directions to remove; None = the top D",
                        typeConverter=TypeConverters.toListInt)
@@ -76,9 +77,10 @@ class _AllButTheTopParams(_CorrectionParams):
 
 
 class _WhiteningParams(_CorrectionParams):
-    """Whitening-k: ``k`` kept directions (None = d), ``shrinkage``, ``eps`` clamp, ``zca``, ``normalize``."""
+    """Whitening-k: ``k`` kept directions (None = d, or the rank n − 1 when n ≤ d without shrinkage),
+    ``shrinkage``, ``eps`` clamp, ``zca``, ``normalize``."""
 
-    k = Param(Params._dummy(), "k", "kept directions; None = d", typeConverter=TypeConverters.toInt)
+    k = Param(Params._dummy(), "k", "kept directions; None = min(d, n - 1)", typeConverter=TypeConverters.toInt)
     shrinkage = Param(Params._dummy(), "shrinkage", "α: Σ ← (1−α)Σ + α tr(Σ)/d I",
                       typeConverter=TypeConverters.toFloat)
     eps = Param(Params._dummy(), "eps", "relative eigenvalue clamp (· λ1)", typeConverter=TypeConverters.toFloat)
@@ -113,13 +115,15 @@ class _WhiteningParams(_CorrectionParams):
 
 class _AbttPcaAbttParams(_CorrectionParams):
     """ABTT → PCA-k → ABTT (seed ch. 3): ``D`` removed first, ``k`` PCA dimension kept (None = ⌈d/3⌉), ``D2``
-    removed after the PCA (None = measured), ``maxD`` cap on both measured counts (None = uncapped)."""
+    removed after the PCA (None = max(1, round(k/100)), unverified), ``maxD`` cap on both default counts
+    (None = uncapped)."""
 
-    D = Param(Params._dummy(), "D", "directions removed first; None = measured", typeConverter=TypeConverters.toInt)
+    D = Param(Params._dummy(), "D", "directions removed first; None = max(1, round(d/100)), unverified",
+              typeConverter=TypeConverters.toInt)
     k = Param(Params._dummy(), "k", "PCA dimension kept; None = ceil(d/3)", typeConverter=TypeConverters.toInt)
-    D2 = Param(Params._dummy(), "D2", "directions removed after the PCA; None = measured",
+    D2 = Param(Params._dummy(), "D2", "directions removed after the PCA; None = max(1, round(k/100)), unverified",
                typeConverter=TypeConverters.toInt)
-    maxD = Param(Params._dummy(), "maxD", "cap on the measured D and D2; None = uncapped",
+    maxD = Param(Params._dummy(), "maxD", "cap on the default D and D2; None = uncapped",
                  typeConverter=TypeConverters.toInt)
 
     def __init__(self, *args: Any):

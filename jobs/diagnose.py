@@ -25,13 +25,14 @@ import numpy as np
 from pyspark.sql import DataFrame, SparkSession
 
 from anisotropy_core import storage
+from anisotropy_core.artefact_evidence import DEFAULT_DIRECTIONS, sample_artefact_test
 from anisotropy_core.decision import DecisionThresholds, recommend
 from anisotropy_core.diagnostics import Diagnosis, diagnose, plain_scalar
 from anisotropy_core.isotropy_measures import (isoscore_from_spectrum, partition_ratio, sampling_noise,
                                                sign_structure_null, uniformity)
 from anisotropy_core.report import CLUSTER_KEYS, cell_text, write_report_assets
 from anisotropy_spark.contract import require_columns
-from anisotropy_spark.diagnostics import DEFAULT_DIRECTIONS, drawn_or_sampled, pair_alignment, u1_artefact_test
+from anisotropy_spark.diagnostics import drawn_or_sampled, pair_alignment
 from anisotropy_spark.io import as_vector_array, read_table, validate
 from anisotropy_spark.kmeans import fit_kmeans, spark_cluster_diagnostics
 from anisotropy_spark.row_sample import RowSample
@@ -75,7 +76,8 @@ METRIC_MEANINGS = {
     "isoscore": "IsoScore (Rudman et al. 2022): fraction of dimensions used uniformly, 0…1",
     "A_noise_z": "A − A_sign_null in standard errors of A for an isotropic sample of this n and d",
     "null_effective_rank": "effective rank that isotropic noise of this n and d would report",
-    "A_sign_null": "the zero A should be compared with: 0, q/2 (sparse non-negative) or 1/π (dense ReLU) (sample)",
+    "A_sign_null": "the zero A should be compared with: 0 for sign-symmetric data, m²/s measured from the data for "
+                   "non-negative data (1/π dense ReLU, ½ dense Exp(1), q/2 sparse) (sample)",
     "partition_ratio": "min Z(c)/max Z(c) over principal directions (1 = isotropic) (sample)",
     "uniformity": "log E exp(−2‖x̂−ŷ‖²) over the sample's pairs (Wang & Isola): −4 spread out … 0 one direction; "
                   "≈ −4(1 − A) when cosines are tight (sample)",
@@ -122,15 +124,17 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
 
     Passes over the table: a count (from Delta's file statistics on a Delta table), the moments pass (which also
     checks every row against the input contract and draws the random sample), the duplicate-id aggregate over the
-    ids, the quarantine extraction (only when invalid rows exist), the artefact test (only with metadata or label
-    columns), a sample pass (only when the moments pass could not supply the sample: duplicated ids, or fewer rows
-    drawn than needed) and k-means (only with ``cluster_k``). Nothing is cached; each stage logs one line, the
-    moments stage's record says what read the vectors (``reader``: pyarrow reads the data files in Spark tasks where
-    it can, ``vector_reader``, :mod:`anisotropy_spark.table_files`) and the sample stage's where its rows came from
-    (``source``).
+    ids, the quarantine extraction (only when invalid rows exist), a sample pass (only when the moments pass could
+    not supply the sample: duplicated ids, or fewer rows drawn than needed) and k-means (only with ``cluster_k``).
+    The per-direction artefact test runs on the driver sample (metadata and label columns drawn with it), with its
+    permutation null (:mod:`anisotropy_core.artefact_evidence`): no pass of its own. Nothing is cached; each stage
+    logs one line, the moments stage's record says what read the vectors (``reader``: pyarrow reads the data files
+    in Spark tasks where it can, ``vector_reader``, :mod:`anisotropy_spark.table_files`) and the sample stage's
+    where its rows came from (``source``).
 
     The result's private ``_sample`` entry holds (vectors (m, d), {metadata column: (m,)}), a random sample of
-    at most ``sample_size`` valid rows used for the in-memory measures and the pictures; it is not serialised.
+    at most ``sample_size`` valid rows used for the artefact test, the in-memory measures and the pictures; it is
+    not serialised.
     """
     vector_col, id_col = config.vector_col, config.id_col
     timings: list[dict] = []
@@ -144,19 +148,21 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
     with timed_stage(log, timings, "moments") as info:     # validation, quarantine, moments and sample in one pass
         checked = validate(vectors, vector_col, id_col, config.dimension, config.on_invalid, config.quarantine_path,
                            input_version=ref.version, with_moments=True,
-                           sample=RowSample(config.sample_size, total, columns=tuple(config.metadata_cols)),
+                           sample=RowSample(config.sample_size, total, columns=tuple(sampled_columns(config))),
                            files=files)
         state, valid, d = checked.moments, checked.valid, checked.dimension
         info["rows"], info["reader"] = state.n + checked.invalid_count, checked.reader if files else planned
     report = diagnose(state)
-    with timed_stage(log, timings, "artefact") as info:
-        artefact = u1_artefact_test(valid, vector_col, report, config.metadata_cols, config.label_col,
-                                    config.artefact_directions)
-        info["rows"] = state.n if config.metadata_cols or config.label_col else 0
     with timed_stage(log, timings, "sample") as info:
-        sample, info["source"] = drawn_or_sampled(checked.drawn, valid, vector_col, d, config.metadata_cols,
-                                                  config.sample_size, state.n)
-        info["rows"] = int(sample[0].shape[0])
+        (vectors_drawn, columns), info["source"] = drawn_or_sampled(checked.drawn, valid, vector_col, d,
+                                                                    sampled_columns(config), config.sample_size,
+                                                                    state.n)
+        info["rows"] = int(vectors_drawn.shape[0])
+    with timed_stage(log, timings, "artefact") as info:
+        artefact = artefact_of_sample(vectors_drawn, columns, report, config.metadata_cols, config.label_col,
+                                      config.artefact_directions, config.decision, config.seed)
+        info["rows"] = int(vectors_drawn.shape[0])
+    sample = (vectors_drawn, {c: columns[c] for c in config.metadata_cols})
     per_cluster = None
     if config.cluster_k:
         with timed_stage(log, timings, "clusters") as info:
@@ -200,6 +206,21 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
     }
 
 
+def sampled_columns(config) -> list[str]:
+    """The columns drawn with the sample's vectors: the metadata columns, then the label column (if any)."""
+    return list(dict.fromkeys(config.metadata_cols + ([config.label_col] if config.label_col else [])))
+
+
+def artefact_of_sample(vectors: np.ndarray, columns: dict, report, metadata_cols: list[str], label_col: str | None,
+                       directions: int, decision: DecisionThresholds, seed: int) -> dict:
+    """The per-direction artefact test (:func:`anisotropy_core.artefact_evidence.sample_artefact_test`) of the driver
+    sample, with the decision's thresholds (``artefact_alpha``, ``artefact_permutations``, ``artefact_corr``,
+    ``label_separation``) and ``seed``."""
+    return sample_artefact_test(vectors, columns, report, metadata_cols, label_col, directions,
+                                decision.artefact_permutations, seed, decision.artefact_alpha, decision.artefact_corr,
+                                decision.label_separation)
+
+
 def defined(value):
     """A metric value for JSON and the metrics table: NaN (an undefined fit) becomes None, never NaN."""
     return None if isinstance(value, float) and not np.isfinite(value) else value
@@ -239,7 +260,8 @@ def markdown_summary(result: dict) -> str:
     k_lo, k_hi = result["power_law_range"]
     lines += ["", f"A is {sigma:.1f} isotropic standard deviations above its null {null:.4g}. "
               f"α was fitted over eigenvalues k = {k_lo}…{k_hi} (those above the Marchenko–Pastur edge).",
-              f"Sampled measures (sign null, partition ratio, uniformity) use {result['sample_size']} random vectors."]
+              f"Sampled measures (artefact test, sign null, partition ratio, uniformity) use {result['sample_size']} "
+              "random vectors."]
     aligned = result.get("alignment")
     if aligned:
         value = "undefined (no pair matched)" if aligned["alignment"] is None else f"{aligned['alignment']:.6g}"
@@ -252,6 +274,12 @@ def markdown_summary(result: dict) -> str:
         lines += [f"- {name}: {'undefined (constant column)' if c is None else f'{c:.4f}'}"
                   for name, c in artefact["abs_corr"].items()]
         lines += [f"- mean projection for label {label!r}: {v:+.4f}" for label, v in artefact["label_means"].items()]
+        u1, null = artefact["directions"][0], artefact["null"]
+        if u1.get("p_adjusted") is not None:
+            lines.append(f"- permutation-adjusted p (maxT over {len(artefact['directions'])} directions × "
+                         f"{len(null['columns'])} columns × Pearson/Spearman, {null['permutations']} permutations, "
+                         f"{null['sample_size']} sampled rows): {u1['p_adjusted']:.3g} — "
+                         + ("an artefact" if u1["significant"] else "not evidence of an artefact"))
     if any(row["abs_corr"] or row["label_separation"] is not None for row in artefact.get("directions", [])):
         lines += ["", directions_markdown(artefact["directions"])]
     if result["per_cluster"]:
@@ -270,15 +298,23 @@ def verdict_markdown(recommendation: dict) -> str:
 
 
 def directions_markdown(directions: list[dict]) -> str:
-    """The per-direction artefact test as a Markdown table (|corr| per metadata column, label separation)."""
+    """The per-direction artefact test as a Markdown table: |Pearson| / |Spearman| per metadata column, the
+    permutation-adjusted p (maxT over directions × columns × both statistics), label separation and its p."""
     columns = sorted({c for row in directions for c in row["abs_corr"]})
-    lines = ["## Per-direction artefact test (|corr| of each principal direction's projection)", "",
-             "| direction | eigenvalue | " + " | ".join(columns) + " | label separation (SDs) |",
-             "|---" * (len(columns) + 3) + "|"]
+
+    def number(value, form):
+        return "–" if value is None else format(value, form)
+
+    lines = ["## Per-direction artefact test (|Pearson| / |Spearman| of each principal direction's projection; "
+             "p adjusted over all directions and columns)", "",
+             "| direction | eigenvalue | " + " | ".join(columns) + " | adjusted p | artefact | label separation (SDs) "
+             "| label p |", "|---" * (len(columns) + 7) + "|"]
     for row in directions:
-        cells = ["–" if row["abs_corr"].get(c) is None else f"{row['abs_corr'][c]:.3f}" for c in columns]
-        spread = "–" if row["label_separation"] is None else f"{row['label_separation']:.2f}"
-        lines.append(f"| u{row['index']} | {row['eigenvalue']:.4g} | " + " | ".join(cells) + f" | {spread} |")
+        cells = [f"{number(row['abs_corr'].get(c), '.3f')} / {number(row.get('abs_spearman', {}).get(c), '.3f')}"
+                 for c in columns]
+        lines.append(f"| u{row['index']} | {row['eigenvalue']:.4g} | " + " | ".join(cells)
+                     + f" | {number(row.get('p_adjusted'), '.3g')} | {'yes' if row.get('significant') else 'no'} | "
+                     f"{number(row['label_separation'], '.2f')} | {number(row.get('label_p_adjusted'), '.3g')} |")
     return "\n".join(lines)
 
 

@@ -25,15 +25,19 @@ FIT_REPORT = "fit_report.json"
 
 def fit_params(config: NightlyConfig, method: str, rec: Recommendation) -> dict:
     """The parameters (config keys of :func:`~anisotropy_spark.estimators.estimator_for`) a fit of ``method``
-    uses: config values, else the recommendation's directions / k."""
+    uses: config values, else the recommendation's directions / k. ABTT without ``abtt_D`` removes the artefact
+    test's significant directions (``evidence["artefact_directions"]``) when there are any, else the estimator's
+    default: the top max(1, round(d/100)), recorded as d_rule "rule_of_thumb_d/100 (unverified)". Whitening without
+    ``whitening_k`` keeps the candidate k (``evidence["whitening_k"]``: the directions holding
+    ``whitening_variance`` of the variance, at most n − 1)."""
     if method == "abtt":
-        follow = config.abtt_D is None and rec.method == "abtt"
-        directions = list(rec.directions) if follow and rec.directions else None
+        evidence = list(rec.evidence.get("artefact_directions") or [])
+        directions = evidence if config.abtt_D is None and evidence else None
         if directions == list(range(1, len(directions or []) + 1)):      # the top D: stated as D, canonical
             return {"D": len(directions), "directions": None, "max_D": config.decision.max_D}
         return {"D": config.abtt_D, "directions": directions, "max_D": config.decision.max_D}
     if method == "whitening":
-        k = config.whitening_k if config.whitening_k is not None else (rec.k if rec.method == "whitening" else None)
+        k = config.whitening_k if config.whitening_k is not None else rec.evidence.get("whitening_k")
         return {"k": k, "shrinkage": config.whitening_shrinkage, "normalize": config.whitening_normalize}
     if method == "cluster_recenter":
         return {"k": config.cluster_k, "D": config.cluster_D, "distance_measure": config.cluster_distance_measure,

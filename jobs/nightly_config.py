@@ -32,6 +32,7 @@ class NightlyConfig(InputSettings):
     output_dtype: Literal["same", "float32", "float64"] = "same"
     metadata_cols: list[str] = dataclasses.field(default_factory=list)
     label_col: str | None = None
+    sample_size: int = 2000
     method: Literal["auto", "none", "center", "abtt", "whitening", "cluster_recenter", "abtt_pca_abtt", "flow"] = "auto"
     abtt_D: int | None = None
     abtt_D2: int | None = None
@@ -87,6 +88,9 @@ class NightlyConfig(InputSettings):
         problems += flow_problems(self, "flow_")
         if self.artefact_directions < 1:
             problems.append(f"artefact_directions must be >= 1, got {self.artefact_directions}")
+        if self.sample_size < 3:
+            problems.append(f"sample_size must be >= 3 (the artefact test's sample), got {self.sample_size}")
+        problems += [f"decision.{p}" for p in self.decision.check()]
         if self.out_col in (VERSION_COLUMN, CLUSTER_COLUMN, self.id_col):
             problems.append(f"output_vector_col may not be {self.out_col!r}")
         for key, value in self.drift.items():

@@ -19,16 +19,18 @@ from anisotropy_core.decision import Recommendation, recommend
 from anisotropy_core.diagnostics import Diagnosis, diagnose as diagnose_moments
 from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import FittedTransform
-from anisotropy_spark.diagnostics import diagnose_dataframe, u1_artefact_test
+from anisotropy_spark.diagnostics import diagnose_dataframe, drawn_or_sampled
 from anisotropy_spark.estimators import CorrectionModel
 from anisotropy_spark.io import TableRef, ValidatedInput, as_vector_array, read_table, validate
 from anisotropy_spark.kmeans import fit_cluster_recenter
 from anisotropy_spark.publish import OutputState, PublishTarget, only_appends, output_state, publish
 from anisotropy_spark.quarantine import DUPLICATE_ID
+from anisotropy_spark.row_sample import RowSample
 from anisotropy_spark.table_files import table_files
 from jobs import evaluation
 from jobs.apply import VERSION_COLUMN
 from jobs.config import ConfigError
+from jobs.diagnose import artefact_of_sample, sampled_columns
 from jobs.fit_or_reuse import candidate_fit, fit_model, fit_params, model_from, model_of, reusable, save_fit
 from jobs.gate import GateError, gate
 from jobs.nightly_config import NightlyConfig, check_against_data
@@ -100,13 +102,17 @@ def validate_input(ctx: NightlyContext, info: dict) -> None:
     """Quarantine (with a reason, the run id and the input version) or refuse the invalid rows and every copy
     of a duplicated id, in the pass that also merges the valid rows' moments for :func:`diagnose` (read by pyarrow
     from the data files where it can: ``vector_reader``, :mod:`anisotropy_spark.table_files`); see
-    :func:`anisotropy_spark.io.validate`."""
+    :func:`anisotropy_spark.io.validate`. With metadata or label columns that pass also draws the uniform sample
+    of ``sample_size`` rows (with those columns) the artefact test runs on."""
     config = ctx.config
-    files, planned = table_files(ctx.spark, ctx.input_df, ctx.ref.path, ctx.ref.format, config.vector_col, None,
+    total = ctx.input_df.count()          # Delta answers from its file statistics; sizes the sample
+    files, planned = table_files(ctx.spark, ctx.input_df, ctx.ref.path, ctx.ref.format, config.vector_col, total,
                                  config.vector_reader)
+    columns = sampled_columns(config)
     ctx.checked = validate(as_vector_array(ctx.input_df, config.vector_col), config.vector_col, config.id_col,
                            config.dimension, config.on_invalid, config.quarantine_path,
-                           run_id=ctx.record["run_id"], input_version=ctx.ref.version, with_moments=True, files=files)
+                           run_id=ctx.record["run_id"], input_version=ctx.ref.version, with_moments=True, files=files,
+                           sample=RowSample(config.sample_size, total, columns=tuple(columns)) if columns else None)
     ctx.valid, ctx.moments = ctx.checked.valid, ctx.checked.moments
     info["rows"], info["reader"] = ctx.moments.n + ctx.checked.invalid_count, ctx.checked.reader if files else planned
     ctx.record["counts"].update(invalid_rows=ctx.checked.invalid_count,
@@ -114,12 +120,18 @@ def validate_input(ctx: NightlyContext, info: dict) -> None:
 
 
 def diagnose(ctx: NightlyContext, info: dict) -> None:
-    """The diagnosis of the validation pass's moments + the per-direction artefact test; with ``mixture_check``,
-    k-means, the per-cluster diagnostics and (from the same pass) the cluster_recenter candidate."""
+    """The diagnosis of the validation pass's moments + (with metadata or label columns) the per-direction artefact
+    test on the sample that pass drew (a sample pass of its own only when it could not: duplicated ids); with
+    ``mixture_check``, k-means, the per-cluster diagnostics and (from the same pass) the cluster_recenter candidate."""
     config, rec, d = ctx.config, ctx.record, ctx.checked.dimension
     ctx.report = diagnose_moments(ctx.moments)
-    ctx.artefact = u1_artefact_test(ctx.valid, config.vector_col, ctx.report, config.metadata_cols, config.label_col,
-                                    config.artefact_directions)
+    columns = sampled_columns(config)
+    if columns:
+        (vectors, values), info["sample_source"] = drawn_or_sampled(ctx.checked.drawn, ctx.valid, config.vector_col, d,
+                                                                    columns, config.sample_size, ctx.report.n)
+        ctx.artefact = artefact_of_sample(vectors, values, ctx.report, config.metadata_cols, config.label_col,
+                                          config.artefact_directions, config.decision, config.seed)
+        info["sample_rows"] = int(vectors.shape[0])
     info["rows"] = ctx.report.n
     rec["counts"]["valid_rows"] = ctx.report.n
     rec["input_metrics"], rec["artefact"] = ctx.report.scalars(), ctx.artefact

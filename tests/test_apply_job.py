@@ -71,8 +71,8 @@ def cli_args(**settings):
 def test_abtt_fit_apply_idempotent_and_diagnosed(spark, corpus, capsys):
     root, data = corpus
     manifest, artifact = fitted(spark, root, "abtt")
-    # issue 13: the MP count is uncapped by default and the removed set is recorded
-    assert manifest["params"] == {"D": 3, "d_rule": "marchenko_pastur", "directions": [1, 2, 3]}
+    # issue 43: without D the textbook's starting point max(1, round(d/100)) = 1, recorded unverified
+    assert manifest["params"] == {"D": 1, "d_rule": "rule_of_thumb_d/100 (unverified)", "directions": [1]}
     assert manifest["fitted_on"] == {"path": str(root / "corpus"), "format": "delta", "version": 0}
     config = ApplyConfig(input=str(root / "corpus"), artifact=artifact, output=str(root / "abtt-out"))
     first = run_apply(spark, config)
@@ -90,7 +90,7 @@ def test_abtt_fit_apply_idempotent_and_diagnosed(spark, corpus, capsys):
     floor = -1.0 / (N - 1)                                   # A of a centred cloud with equal norms
     assert before["anisotropy_A"] > 0.8
     assert floor <= after["anisotropy_A"] < floor + 1e-4
-    removed = manifest["params"]["D"]                                       # the top-3 directions removed
+    removed = manifest["params"]["D"]                                       # the top-D directions removed
     assert after["spectrum"][-1] < 1e-20 * before["spectrum"][0] + 1e-12
     assert np.allclose(after["spectrum"][:D - removed], before["spectrum"][removed:], rtol=1e-9)
 

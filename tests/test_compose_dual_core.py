@@ -57,7 +57,7 @@ def test_composition_equals_the_three_steps_done_by_hand():
 def test_composition_defaults_rows_route_and_artifact(tmp_path):
     x = cloud(n=300, d=30, seed=1)
     t = fit("abtt_pca_abtt", Moments.of_batch(x))
-    assert t.d_out == 10 and t.params()["d_rule"].startswith("marchenko_pastur")
+    assert t.d_out == 10 and t.params()["d_rule"] == t.params()["d2_rule"] == "rule_of_thumb_d/100 (unverified)"
     small = x[:20]                                                                     # n < d: Gram route
     by_rows, by_moments = fit_abtt_pca_abtt(small, D=1, k=5, D2=1), fit_abtt_pca_abtt(Moments.of_batch(small), D=1, k=5, D2=1)
     np.testing.assert_allclose(gram(by_rows.apply(small)), gram(by_moments.apply(small)), atol=1e-9)

@@ -3,10 +3,12 @@ import numpy as np
 import pytest
 
 from anisotropy_core import diagnose
+from anisotropy_core.artefact_evidence import sample_artefact_test
 from anisotropy_core.clustering import assign, cluster_diagnostics, cluster_moments, fit_cluster_recenter, prepare
 from anisotropy_core.decision import DecisionThresholds, recommend, whitening_k
-from anisotropy_core.diagnostics import artefact_test, project_on_u1
+from anisotropy_core.diagnostics import project_on_u1
 from anisotropy_core.synthetic import cone, mixture, pencil
+from anisotropy_core.transforms import fit_abtt
 
 N, D = 2000, 16
 
@@ -48,29 +50,34 @@ def test_offset_within_threshold_is_left_alone_and_threshold_is_configurable():
     assert recommend(r, thresholds=DecisionThresholds(offset_sigmas=2.0)).method == "center"
 
 
-def test_one_dominant_direction_gets_abtt_with_measured_D():
+def test_one_dominant_direction_without_evidence_is_a_candidate_not_a_deletion():
+    """Issue 43: directions above the Marchenko–Pastur edge are not evidence; they become the candidate grid."""
     r = diagnose(pencil(N, D, length=5.0, seed=3) + 3.0)
     rec = recommend(r)
-    assert rec.method == "abtt" and rec.D == 1 == r["mp_above_upper"]
-    assert rec.evidence["D_rule"] == "marchenko_pastur"
-    # issue 13: the Marchenko–Pastur count is uncapped by default (three spikes → D = 3); max_D is an optional cap
+    assert rec.method == "center" and rec.D is None and rec.verified
+    assert any("ABTT D ∈ {1..1}" in reason and "unverified, not applied" in reason for reason in rec.reasons)
     X = np.random.default_rng(4).normal(size=(N, D))
     X[:, :3] *= [3.0, 2.5, 2.2]
     r3 = diagnose(X)
     assert r3["mp_above_upper"] == 3
-    assert recommend(r3).D == 3 and recommend(r3).evidence["D_rule"] == "marchenko_pastur"
-    assert recommend(r3).directions == [1, 2, 3]
-    capped = recommend(r3, thresholds=DecisionThresholds(max_D=1))
-    assert capped.D == 1 and capped.evidence["D_rule"] == "marchenko_pastur_capped"
+    rec3 = recommend(r3)
+    assert rec3.method == "none" and rec3.directions is None and rec3.verified
+    assert rec3.evidence["candidate_D"] == [1, 3] and rec3.evidence["rule_of_thumb_D"] == 1
+    assert rec3.evidence["mp_above_upper"] == 3 and "D_rule" not in rec3.evidence
+    assert recommend(r3, thresholds=DecisionThresholds(max_D=1)).evidence["candidate_D"] == [1]
 
 
-def test_steep_spectrum_gets_whitening_k():
+def test_steep_spectrum_names_whitening_k_as_an_unverified_candidate():
     r = diagnose(cone(N, D, offset=2.0, alpha=2.0, seed=4))
     rec = recommend(r)
-    assert rec.method == "whitening" and rec.D is None
+    assert rec.method in ("center", "none") and rec.D is None and rec.k is None
+    k = rec.evidence["whitening_k"]
     share = np.cumsum(r["spectrum"]) / r["spectrum"].sum()
-    assert share[rec.k - 1] >= 0.95 > share[rec.k - 2]
-    assert recommend(r, thresholds=DecisionThresholds(steep_alpha=2.5)).method == "abtt"
+    assert share[k - 1] >= 0.95 > share[k - 2]
+    assert any(reason.startswith("steep spectrum") and f"whitening-k (k = {k})" in reason
+               and "unverified, not applied" in reason for reason in rec.reasons)
+    shallow = recommend(r, thresholds=DecisionThresholds(steep_alpha=2.5))
+    assert shallow.method == rec.method and any(reason.startswith("dominant directions") for reason in shallow.reasons)
 
 
 def test_whitening_k_is_capped_by_rank():
@@ -82,7 +89,7 @@ def test_whitening_k_is_capped_by_rank():
 def test_mixture_gets_cluster_recentering_instead_of_global_abtt():
     X, _ = mixture(N, D, (0.5, 0.5), separation=8.0, seed=5)
     r = diagnose(X)
-    assert recommend(r).method == "abtt"              # without cluster diagnostics: the dangerous answer
+    assert recommend(r).method != "abtt"              # issue 43: no global deletion without evidence
     rec = recommend(r, clusters_of(X, 2))
     assert rec.method == "cluster_recenter" and rec.k == 2
     assert rec.evidence["clusters_locally_isotropic"] is True
@@ -105,27 +112,37 @@ def test_isotropic_clusters_do_not_trigger_cluster_recentering():
 
 
 def test_label_along_u1_warns_and_protects_the_direction():
+    """u1 carries the topic label and also tracks a length column: artefact and signal at once. The label's
+    separation is significant under its permutation null, so protect_label_direction keeps u1."""
     X, labels = two_topics()
     r = diagnose(X)
-    artefact = artefact_test(project_on_u1(X, r), labels=labels)
+    length = project_on_u1(X, r) * 3.0 + np.random.default_rng(1).normal(size=N)
+    artefact = sample_artefact_test(X, {"length": length, "topic": labels}, r, ["length"], "topic", directions=4)
+    assert artefact["directions"][0]["significant"] and artefact["directions"][0]["label_significant"]
     rec = recommend(r, artefact=artefact)
-    assert rec.method == "center" and rec.D is None
-    assert any("the direction may be the answer" in w for w in rec.warnings)
+    assert rec.method in ("center", "none") and rec.D is None
+    assert any("the direction may be the answer" in w and "artefact and signal at once" in w for w in rec.warnings)
+    assert any("protect_label_direction keeps principal direction(s) [1]" in reason for reason in rec.reasons)
     assert rec.evidence["label_separation"] == pytest.approx(4.0 / np.sqrt(r["spectrum"][0]), rel=0.05)
     unprotected = recommend(r, artefact=artefact, thresholds=DecisionThresholds(protect_label_direction=False))
-    assert unprotected.method == "abtt" and unprotected.warnings
+    assert unprotected.method == "abtt" and unprotected.directions == [1] and unprotected.warnings
+    labels_only = recommend(r, artefact=sample_artefact_test(X, {"topic": labels}, r, [], "topic", directions=4))
+    assert labels_only.method != "abtt" and any("the direction may be the answer" in w for w in labels_only.warnings)
 
 
-def test_length_artefact_supports_removal_and_both_at_once_warns():
-    r = diagnose(pencil(N, D, length=5.0, seed=3) + 3.0)
-    rec = recommend(r, artefact={"abs_corr": {"token_count": 0.78, "char_length": None}, "label_means": {}})
-    assert rec.method == "abtt"
-    assert any("u1 is an artefact" in reason and "token_count" in reason for reason in rec.reasons)
-    X, labels = two_topics()
-    r2 = diagnose(X)
-    both = {"abs_corr": {"token_count": 0.7}, "label_means": artefact_test(project_on_u1(X, r2), labels=labels)["label_means"]}
-    warning = recommend(r2, artefact=both).warnings[0]
-    assert "artefact and signal at once" in warning
+def test_length_artefact_supports_removal_only_with_its_null():
+    X = pencil(N, D, length=5.0, seed=3) + 3.0
+    r = diagnose(X)
+    token_count = np.exp(project_on_u1(X, r) / 5.0) * 40       # curved in the projection: Spearman ≈ 1
+    rec = recommend(r, artefact=sample_artefact_test(X, {"token_count": token_count}, r, ["token_count"], None))
+    assert rec.method == "abtt" and rec.directions == [1] and rec.verified
+    assert rec.evidence["D_rule"] == "artefact" and rec.evidence["candidate_D"] == [1]
+    reason = next(reason for reason in rec.reasons if "u1 is an artefact" in reason)
+    assert "token_count" in reason and "permutation-adjusted p = 0.001" in reason
+    assert "no label column was given" in reason and "no label separates" not in reason
+    legacy = recommend(r, artefact={"abs_corr": {"token_count": 0.78, "char_length": None}, "label_means": {}})
+    assert legacy.method == "center"                        # |corr| without a null is reported, not evidence
+    assert any("no permutation null was run" in reason and "not evidence" in reason for reason in legacy.reasons)
 
 
 def test_small_sample_and_rank_collapse_warnings():
@@ -153,8 +170,9 @@ def chapter9_like(seed=0):
 def test_artefact_u1_is_removed_by_abtt_never_whitening():
     r = diagnose(chapter9_like())
     assert r["power_law_alpha"] >= 1.5 and r["top1_var"] > 0.3
-    assert recommend(r).method == "whitening"                     # steep, no artefact evidence
-    rec = recommend(r, artefact={"abs_corr": {"token_count": 0.78}, "label_means": {}})
+    assert recommend(r).method == "center"                        # issue 43: steep, no artefact evidence
+    u1 = {"index": 1, "eigenvalue": float(r["spectrum"][0]), "abs_corr": {"token_count": 0.78}, "p_adjusted": 0.001}
+    rec = recommend(r, artefact={"directions": [u1]})
     assert rec.method == "abtt" and rec.directions == [1] and rec.D == 1
     assert rec.evidence["D_rule"] == "artefact"
     assert any("u1 is an artefact" in reason for reason in rec.reasons)
@@ -166,28 +184,34 @@ def test_artefact_on_pc3_removes_pc3_only():
     X[:, :3] *= [3.0, 2.5, 2.2]
     r = diagnose(X)
     directions = [{"index": j, "eigenvalue": float(r["spectrum"][j - 1]), "label_separation": None,
-                   "abs_corr": {"word_frequency": corr}} for j, corr in ((1, 0.41), (2, 0.05), (3, 0.65))]
+                   "abs_corr": {"word_frequency": corr}, "p_adjusted": p}
+                  for j, corr, p in ((1, 0.41, 0.01), (2, 0.05, 1.0), (3, 0.65, 0.001))]
     rec = recommend(r, artefact={"directions": directions})
     assert rec.method == "abtt" and rec.directions == [3]
     assert any("u3 is an artefact" in reason and "word_frequency" in reason for reason in rec.reasons)
     below_edge = [{**row, "index": 9} for row in directions[2:]]      # not above the MP edge: not evidence
-    assert recommend(r, artefact={"directions": below_edge}).directions == [1, 2, 3]
+    assert recommend(r, artefact={"directions": below_edge}).directions is None
+    chance = [{**directions[2], "p_adjusted": 0.2}]                   # large |corr| the null does not support
+    rec = recommend(r, artefact={"directions": chance})
+    assert rec.method == "none" and any("p = 0.2 ≥ 0.05" in reason for reason in rec.reasons)
 
 
 def test_reasons_describe_what_the_method_does():
     r = diagnose(chapter9_like())
     rec = recommend(r)
-    assert rec.method == "whitening"
-    assert all("remov" not in reason for reason in rec.reasons)
-    assert "rescales each to unit variance" in rec.reasons[0]
+    assert rec.method == "center"
+    assert "centring subtracts the mean and deletes no direction" in rec.reasons[0]
+    assert "unverified, not applied" in rec.reasons[1] and "whitening-k" in rec.reasons[1]
 
 
 def test_label_direction_is_kept_out_of_a_non_contiguous_set():
     X = np.random.default_rng(4).normal(size=(N, D))
     X[:, :3] *= [3.0, 2.5, 2.2]
     r = diagnose(X)
-    directions = [{"index": 1, "abs_corr": {"len": 0.9}, "label_separation": 2.0},
-                  {"index": 3, "abs_corr": {"len": 0.9}, "label_separation": 0.1}]
+    directions = [{"index": 1, "abs_corr": {"len": 0.9}, "p_adjusted": 0.001, "label_separation": 2.0,
+                   "label_p_adjusted": 0.001},
+                  {"index": 3, "abs_corr": {"len": 0.9}, "p_adjusted": 0.001, "label_separation": 0.1,
+                   "label_p_adjusted": 0.9}]
     rec = recommend(r, artefact={"directions": directions})
     assert rec.method == "abtt" and rec.directions == [3]
     assert any("artefact and signal at once" in w and "u1" in w for w in rec.warnings)
@@ -202,8 +226,42 @@ def test_non_negative_data_measures_the_offset_from_the_sign_structure_null():
     null = sign_structure_null(X)
     assert null["regime"] == "dense"
     rec = recommend({**r, "A_sign_null": null["null"]})
-    assert rec.method == "none" and rec.evidence["A_null"] == pytest.approx(1 / np.pi)
+    assert rec.method == "none" and rec.evidence["A_null"] == pytest.approx(1 / np.pi, abs=0.005)   # measured m²/s
 
 
 def test_default_steep_alpha_follows_the_textbook():
     assert DecisionThresholds().steep_alpha == 1.5
+
+
+# --- issue 43: evidence before deletion -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("d", [128, 384])
+@pytest.mark.parametrize("alpha", [1.0, 0.8])
+def test_healthy_spectrum_with_an_offset_is_centred_and_a_default_abtt_removes_at_most_d_over_100(d, alpha):
+    X = cone(10 * d, d, offset=6.0, alpha=alpha, seed=d)
+    r = diagnose(X)
+    assert r["mp_above_upper"] > max(1, round(d / 100))          # the MP count would delete many more
+    rec = recommend(r)
+    assert rec.method in ("center", "none") and rec.directions is None and rec.verified
+    assert rec.evidence["rule_of_thumb_D"] == max(1, round(d / 100))
+    assert rec.evidence["candidate_D"] == sorted({*range(1, max(1, round(d / 100)) + 1), r["mp_above_upper"]})
+    default = fit_abtt(X)
+    assert default.D <= max(1, round(d / 100)) and default.d_rule == "rule_of_thumb_d/100 (unverified)"
+
+
+def test_chapter7_ninety_ten_mixture_is_recentred_per_cluster():
+    """Seed chapter 7, failure 2½: populations 90/10, means at distance 1, residuals of norm 1; a global mean
+    leaves the minority with induced A = 0.81/1.81 = 0.448 — whatever the global spectrum looks like."""
+    rng = np.random.default_rng(7)
+    n, d = 4000, 64
+    ids = (np.arange(n) >= 0.9 * n).astype(int)
+    X = rng.normal(scale=1 / np.sqrt(d), size=(n, d))
+    X[:, 0] += ids                                              # ‖a − b‖ = 1
+    r = diagnose(X)
+    assert r["top1_var"] < DecisionThresholds().spike_top1     # not concentrated: the old gate skipped the check
+    clusters = cluster_diagnostics(cluster_moments(X, ids, 2))
+    rec = recommend(r, clusters)
+    assert rec.method == "cluster_recenter" and rec.k == 2 and rec.verified
+    assert rec.evidence["worst_induced_A"] == pytest.approx(0.81 / 1.81, abs=0.02)
+    assert "induced anisotropy 0.44" in rec.reasons[0] or "induced anisotropy 0.45" in rec.reasons[0]

@@ -90,7 +90,8 @@ def test_job_end_to_end_writes_report_and_metrics(spark, tmp_path, capsys):
     assert report["input"] == {"path": table, "format": "delta", "version": 0}
     expected_corr = abs(np.corrcoef(project_on_u1(X, want), tokens)[0, 1])
     assert abs(report["artefact"]["abs_corr"]["token_count"] - expected_corr) < 1e-9
-    assert set(report["artefact"]["label_means"]) == {"0.0", "1.0"}
+    assert set(report["artefact"]["label_means"]) == {"0.0", "1.0"}       # the label column travels with the sample
+    assert report["artefact"]["directions"][0]["label_p_adjusted"] is not None
     assert job.main(args) == 0  # a second night appends a second row
     metrics = spark.read.format("delta").load(str(tmp_path / "metrics"))
     assert metrics.count() == 2
@@ -332,6 +333,10 @@ def test_per_direction_artefact_recommendation_evaluation_and_html(spark, tmp_pa
         assert row["eigenvalue"] == pytest.approx(want["spectrum"][j], rel=1e-10)
     assert directions[2]["abs_corr"]["frequency"] > 0.9 > 0.2 > directions[0]["abs_corr"]["frequency"]
     assert report["artefact"]["abs_corr"] == directions[0]["abs_corr"]                 # u1 entries as before
+    # issue 43: the test ran on the driver sample with a permutation null; only PC3 is significant
+    assert [row["significant"] for row in directions] == [False, False, True, False]
+    assert directions[2]["p_adjusted"] == pytest.approx(0.001) and report["artefact"]["null"]["sample_size"] == n
+    assert next(s for s in report["stages"] if s["name"] == "artefact")["rows"] == n
     rec = report["recommendation"]
     assert rec["evidence"]["artefact_directions"] == [3] and rec["method"] != "whitening"
     # a Gaussian blob split in two by k-means looks "locally isotropic": the mixture branch (checked first)

@@ -100,9 +100,11 @@ def test_fit_with_moments_takes_the_moments_only_where_they_determine_the_fit(fr
 
 
 def test_abtt_auto_d_reports_rule(frame):
+    """Issue 43: no D → the textbook's starting point max(1, round(d/100)), recorded unverified; maxD caps it."""
     model = AllButTheTopEstimator(maxD=3).fit(frame)
-    assert model.transform_.d_rule in ("marchenko_pastur", "marchenko_pastur_capped")
-    assert 0 <= model.transform_.D <= 3
+    assert model.transform_.d_rule == "rule_of_thumb_d/100 (unverified)"
+    assert model.transform_.D == max(1, round(D / 100)) == 1 and model.getD() == 1
+    assert AllButTheTopEstimator(maxD=0).fit(frame).transform_.D == 0
 
 
 def test_save_load_roundtrip_and_tamper(spark, frame, tmp_path):

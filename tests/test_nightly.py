@@ -1,6 +1,7 @@
 """The nightly job in-process: publish, no-op re-run, gate rejection, incremental MERGE, rollback, config errors.
 
-Data: 300 valid rows × 8 dims (a pencil-shaped cone, so the chapter-9 decision is ABTT with a measured D)
+Data: 300 valid rows × 8 dims (a pencil-shaped cone whose long axis tracks the token count, so the chapter-9
+decision is ABTT of that significant artefact direction)
 plus three invalid rows that must be quarantined, never silently dropped.
 """
 import json
@@ -14,7 +15,11 @@ from anisotropy_core.artifact import load_artifact
 from anisotropy_core.moments import Moments
 from anisotropy_core.synthetic import mixture, pencil
 from anisotropy_core.transforms import fit_abtt
+from anisotropy_core.decision import Recommendation
 from jobs import nightly
+from jobs.fit_or_reuse import fit_params
+from jobs.nightly_config import NightlyConfig
+from anisotropy_spark.estimators import estimator_for
 from jobs.gate import GateError, gate
 from jobs.config import ConfigError
 
@@ -94,6 +99,10 @@ def test_publish_noop_gate_incremental_rollback(spark, tmp_path):
     assert D_chosen == 1 and first["applied"]["params"]["D"] == 1 and first["applied"]["refitted"]
     assert first["counts"]["invalid_rows"] == 3 and first["counts"]["output_rows"] == N
     assert stage(first, "validate")["reader"] == "pyarrow"           # the moments pass read the data files
+    # issue 43: the artefact test ran on the sample the moments pass drew; its significant u1 is the evidence
+    assert stage(first, "diagnose")["sample_source"] == "moments pass" and stage(first, "diagnose")["sample_rows"] == N
+    assert first["artefact"]["directions"][0]["significant"] and first["artefact"]["directions"][0]["p_adjusted"] < 0.05
+    assert first["recommendation"]["verified"] and first["recommendation"]["evidence"]["artefact_directions"] == [1]
     expected = fit_abtt(Moments.of_batch(X), D=D_chosen).apply(X)
     published = table(spark, output)
     assert sorted(published) == list(ids)
@@ -331,3 +340,17 @@ def test_explicit_flow_and_composition_methods_publish(spark, tmp_path, method, 
     out = table(spark, str(tmp_path / "output"))
     got = np.array([out[i] for i in ids])
     assert got.shape == (N, d_out) and np.abs(got - fitted.apply(X)).max() < 1e-9
+
+
+def test_explicit_abtt_without_D_removes_the_artefact_set_else_the_unverified_rule_of_thumb(spark):
+    """Issue 43: ``method: abtt`` with ``abtt_D: null`` follows the artefact evidence when there is any (whatever
+    the recommendation's method), else fits the top max(1, round(d/100)) and records that as unverified."""
+    config = NightlyConfig(input="in", output="out", method="abtt")
+    evidence = Recommendation("center", evidence={"artefact_directions": [1, 3]})
+    assert fit_params(config, "abtt", evidence) == {"D": None, "directions": [1, 3], "max_D": None}
+    assert fit_params(NightlyConfig(input="in", output="out", method="abtt", abtt_D=2), "abtt", evidence)["D"] == 2
+    params = fit_params(config, "abtt", Recommendation("center", evidence={"artefact_directions": []}))
+    assert params == {"D": None, "directions": None, "max_D": None}
+    _, X, _ = corpus(n=400, d=250)
+    fitted = estimator_for("abtt", params, "vector").fitMoments(Moments.of_batch(X)).transform_
+    assert fitted.directions == [1, 2] and fitted.d_rule == "rule_of_thumb_d/100 (unverified)"

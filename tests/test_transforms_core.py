@@ -103,22 +103,24 @@ def test_abtt_no_reindex_identity():
 
 
 def test_choose_d_rules():
+    """Issue 43: without D the default is the textbook's starting point max(1, round(d/100)), recorded
+    unverified; the Marchenko–Pastur count (above the edge) is a diagnostic, not the default."""
     x = synthetic.cone(2000, 50, offset=3.0, alpha=1.5, seed=3)
     lam = diagnose(x)["spectrum"]
     above = diagnose(x)["mp_above_upper"]
     assert above > 1
-    assert choose_d(lam, 2000, 50, max_D=above + 5) == (above, "marchenko_pastur")
-    assert choose_d(lam, 2000, 50, max_D=1) == (1, "marchenko_pastur_capped")
-    assert choose_d(lam, 2000, 50) == (above, "marchenko_pastur")            # issue 13: uncapped by default
+    assert choose_d(lam, 2000, 50) == (1, "rule_of_thumb_d/100 (unverified)")
+    assert choose_d(lam, 2000, 50, max_D=0) == (0, "rule_of_thumb_d/100 (unverified)")
     assert choose_d(lam, 2000, 50, D=4) == (4, "explicit")
-    assert choose_d(lam[:40], 30, 400) == (4, "rule_of_thumb_d/100")         # n ≤ d
-    iso = synthetic.power_law(5000, 20, alpha=0.0, seed=4)
-    assert choose_d(diagnose(iso)["spectrum"], 5000, 20) == (0, "marchenko_pastur")
+    assert choose_d(lam[:40], 30, 400) == (4, "rule_of_thumb_d/100 (unverified)")         # n ≤ d
+    assert choose_directions(lam, 2000, 50, "marchenko_pastur") == (list(range(1, above + 1)), "marchenko_pastur")
     with pytest.raises(ValueError, match="D=50"):
         choose_d(lam, 2000, 50, D=50)
-    model = fit_abtt(state(x), max_D=3)
-    assert model.params() == {"D": min(above, 3), "d_rule": model.d_rule,
-                              "directions": list(range(1, min(above, 3) + 1))}   # issue 13: the set is recorded
+    big = synthetic.cone(3000, 300, offset=3.0, alpha=1.0, seed=5)
+    model = fit_abtt(state(big))
+    assert model.params() == {"D": 3, "d_rule": "rule_of_thumb_d/100 (unverified)", "directions": [1, 2, 3]}
+    assert diagnose(big)["mp_above_upper"] > 3                                   # what the old default removed
+    assert fit_abtt(state(big), max_D=2).directions == [1, 2]
 
 
 # ------------------------------------------------------------------------ chapter 6: five sentences
@@ -175,15 +177,32 @@ def test_whitening_k_shrinkage_normalize():
 def test_whitening_n_less_than_d_has_no_inf_or_nan():
     x = synthetic.cone(10, 40, offset=2.0, alpha=1.0, seed=7)     # covariance rank ≤ 9
     full = fit_whitening(state(x))
-    assert full.clamped >= 31
+    assert full.k == 9 and full.clamped == 0           # issue 43: from moments too, k is capped at the rank n − 1
     assert np.isfinite(full.matrix).all() and np.isfinite(full.apply(x)).all()
+    with pytest.raises(ValueError, match="span"):
+        fit_whitening(state(x), k=20)
     k = fit_whitening(state(x), k=5)                               # k < n: exactly white in 5 dims
     assert k.clamped == 0
     assert np.allclose(np.cov(k.apply(x).T, bias=True), np.eye(5), atol=1e-8)
     shrunk = fit_whitening(state(x), shrinkage=0.1)
     assert shrunk.clamped == 0 and np.isfinite(shrunk.apply(x)).all()
     abtt = fit_abtt(state(x))
-    assert abtt.d_rule == "rule_of_thumb_d/100" and np.isfinite(abtt.apply(x)).all()
+    assert abtt.d_rule == "rule_of_thumb_d/100 (unverified)" and np.isfinite(abtt.apply(x)).all()
+
+
+def test_whitening_from_moments_with_n_below_d_keeps_held_out_norms_moderate():
+    """Seed chapter 6: with n < d, clamping the d − n + 1 zero eigenvalues to eps·λ₁ scales a held-out vector's
+    component in those null directions by 1/√(eps·λ₁) — its whitened norm explodes. The rank cap keeps it."""
+    rows = synthetic.cone(80, 100, offset=2.0, alpha=1.0, seed=12)
+    corpus, held_out = rows[:60], rows[60:]                          # same distribution, not in the fit
+    capped = fit_whitening(state(corpus))
+    assert capped.k == 59 and capped.d_out == 59
+    clamp_only = fit_whitening(state(corpus), k=100, shrinkage=1e-12)  # a vanishing shrinkage lifts the cap:
+    # all d directions kept, the null ones only clamped — the fit a moments state gave before issue 43
+    assert clamp_only.k == 100
+    train = np.linalg.norm(capped.apply(corpus), axis=1).mean()     # ≈ √k: unit variance in k directions
+    assert np.linalg.norm(capped.apply(held_out), axis=1).max() < 10 * train
+    assert np.linalg.norm(clamp_only.apply(held_out), axis=1).min() > 1e4 * train
 
 
 def test_center_and_input_errors():
@@ -277,7 +296,10 @@ def test_direction_rules():
     assert choose_directions(lam, 2000, 50, "explicit", indices=[1, 3]) == ([1, 3], "explicit")
     assert choose_directions(lam, 2000, 50, "marchenko_pastur") == (list(range(1, above + 1)), "marchenko_pastur")
     assert choose_directions(lam, 2000, 50, "marchenko_pastur", max_D=2) == ([1, 2], "marchenko_pastur_capped")
-    assert choose_directions(lam, 2000, 50, "rule_of_thumb") == ([1], "rule_of_thumb_d/100")
+    assert choose_directions(lam, 2000, 50, "rule_of_thumb") == ([1], "rule_of_thumb_d/100 (unverified)")
+    assert choose_directions(lam, 2000, 50) == ([1], "rule_of_thumb_d/100 (unverified)")   # issue 43: the default
+    spearman_only = [{"index": 2, "abs_corr": {"len": 0.3}, "abs_spearman": {"len": 0.8}}]
+    assert choose_directions(lam, 2000, 50, "artefact", artefact_directions=spearman_only) == ([2], "artefact")
     rows = [{"index": 1, "abs_corr": {"len": 0.2}}, {"index": 3, "abs_corr": {"len": -0.0, "freq": 0.7}},
             {"index": 49, "abs_corr": {"freq": 0.9}}]                 # 49 is below the MP edge: never evidence
     assert choose_directions(lam, 2000, 50, "artefact", artefact_directions=rows) == ([3], "artefact")
