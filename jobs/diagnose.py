@@ -175,8 +175,8 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
     evaluation = None
     if config.evaluation:
         with timed_stage(log, timings, "evaluation") as info:
-            evaluation = run_evaluation(spark, valid, vector_col, id_col, d, state, recommendation,
-                                        config.evaluation, config.decision)
+            evaluation, _, _ = run_evaluation(spark, valid, vector_col, id_col, d, state, recommendation,
+                                              config.evaluation, config.decision)
     metrics = {**report.scalars(), **{k: plain_scalar(extra[k]) for k in EXTRA_METRICS}}
     return {
         "run_id": uuid.uuid4().hex,
