@@ -230,10 +230,11 @@ def interval_text(delta: Mapping[str, float]) -> str:
     return f"{delta['mean']:+.4f} [{delta['low']:+.4f}, {delta['high']:+.4f}]"
 
 
-def best_candidate(selection: Mapping[str, Mapping[str, float]], metric: str) -> str:
-    """The candidate (``published`` left out) with the highest selection-half ``metric``; ties (and undefined
-    values) go to the earlier, simpler one in grid order."""
-    names = [name for name in selection if name != PUBLISHED]
+def best_candidate(selection: Mapping[str, Mapping[str, float]], metric: str, excluded: Iterable[str] = ()) -> str:
+    """The candidate (``published`` and ``excluded`` left out) with the highest selection-half ``metric``; ties
+    (and undefined values) go to the earlier, simpler one in grid order."""
+    left_out = {PUBLISHED, *excluded} - {RAW}
+    names = [name for name in selection if name not in left_out]
     missing = [name for name in names if metric not in selection[name]]
     if missing:
         raise ValueError(f"metric {metric!r} was not measured for candidate(s) {missing}")
@@ -241,16 +242,21 @@ def best_candidate(selection: Mapping[str, Mapping[str, float]], metric: str) ->
     return max(names, key=lambda name: (score[name], -names.index(name)))
 
 
-def decide(evidence: Evidence, metric: str, min_gain: float, published: bool) -> tuple[str, str, str]:
+def decide(evidence: Evidence, metric: str, min_gain: float, published: bool,
+           excluded: Mapping[str, str] | None = None) -> tuple[str, str, str]:
     """(action ``publish`` | ``keep``, candidate, reason) for ``method: auto`` (module docstring). ``published``:
-    whether the output already carries a transform (then ``keep`` names ``published``, else ``none``)."""
-    best = best_candidate(evidence.selection, metric)
+    whether the output already carries a transform (then ``keep`` names ``published``, else ``none``);
+    ``excluded``: {candidate: why} candidates a gate would refuse whatever their scores (left out of the choice,
+    named in the reason)."""
+    excluded = dict(excluded or {})
+    best = best_candidate(evidence.selection, metric, excluded)
     kept = PUBLISHED if published else RAW
     keep = "kept the published transform" if published else "published none (the vectors unchanged)"
+    left_out = f" (left out: {'; '.join(f'{name}: {why}' for name, why in excluded.items())})" if excluded else ""
     if best == RAW:
-        return "keep", kept, f"{keep}: no candidate beats raw on {metric} on the selection half"
+        return "keep", kept, f"{keep}: no candidate beats raw on {metric} on the selection half{left_out}"
     vs_raw = evidence.intervals[best]["delta_vs_raw"][metric]
-    said = f"best candidate {best} Δ {metric} vs raw {interval_text(vs_raw)}"
+    said = f"best candidate {best} Δ {metric} vs raw {interval_text(vs_raw)}{left_out}"
     if not vs_raw["low"] > min_gain:
         return "keep", kept, f"{keep}: {said} does not exceed min_gain {min_gain:g}"
     if published:

@@ -87,11 +87,13 @@ def run_evaluation(spark: SparkSession, valid: DataFrame, vector_col: str, id_co
                    thresholds: DecisionThresholds = DecisionThresholds(),
                    cluster_recenter: FittedTransform | None = None, published: bool = False,
                    published_transform: FittedTransform | None = None,
-                   overlap: OverlapSample | None = None) -> tuple[dict, dict[str, FittedTransform | None], list]:
+                   overlap: OverlapSample | None = None,
+                   min_overlap: float = 0.0) -> tuple[dict, dict[str, FittedTransform | None], list]:
     """Fit the grid, score it held out, summarise and decide (module docstring). ``valid``: the validated corpus
     rows (their merged moments are ``state``); ``published``: the output already carries a transform,
     ``published_transform`` (None: it carries the raw vectors). Returns (record, {name: transform fitted on all
-    rows}, the grid)."""
+    rows}, the grid). ``min_overlap``: with ``overlap``, candidates whose mean neighbour overlap is below it are left
+    out of the choice (the nightly's neighbour gate would refuse them)."""
     queries = read_queries(spark, config.queries, config.query_id_col, config.query_vector_col,
                            config.relevant_col, dimension) if config.queries else None
     pairs = pair_rows(valid, vector_col, id_col, dimension, read_table(spark, config.pairs, None)[0],
@@ -122,7 +124,10 @@ def run_evaluation(spark: SparkSession, valid: DataFrame, vector_col: str, id_co
     except ValueError as exc:
         raise ConfigError(f"evaluation: {exc}") from exc
     metric = config.selection_metric()
-    action, chosen, reason = decide(evidence, metric, config.min_gain, published)
+    overlap_of = overlaps(lists, names) if overlap is not None else None
+    below = {name: f"neighbour overlap {value:.3f} < {min_overlap:g}" for name, value in (overlap_of or {}).items()
+             if value < min_overlap and name != RAW}
+    action, chosen, reason = decide(evidence, metric, config.min_gain, published, below)
     record = {
         "evidence": "labelled", "metric": metric,
         "queries": None if queries is None else int(queries.ids.shape[0]),
@@ -133,10 +138,10 @@ def run_evaluation(spark: SparkSession, valid: DataFrame, vector_col: str, id_co
         "split": evidence.sizes,
         "bootstrap": {"resamples": config.resamples, "confidence": config.confidence, "seed": config.seed},
         "candidates": evidence.report, "selection": evidence.selection, "intervals": evidence.intervals,
-        "neighbour_overlap": overlaps(lists, names) if overlap is not None else None,
+        "neighbour_overlap": overlap_of,
         "fitted": {c.name: {"family": c.family, "origin": list(c.origin), **fitted_params(full[c.name])} for c in grid}
         | ({PUBLISHED: fitted_params(published_transform)} if published else {}),
-        "raw": evidence.report[RAW], "best": best_candidate(evidence.selection, metric), "chosen": chosen,
+        "raw": evidence.report[RAW], "best": best_candidate(evidence.selection, metric, below), "chosen": chosen,
         "decision": {"action": action, "candidate": chosen, "reason": reason},
         "query_drift": None, "warnings": [],
     }

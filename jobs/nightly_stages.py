@@ -153,8 +153,8 @@ def decide(ctx: NightlyContext, info: dict) -> None:
 def evaluate(ctx: NightlyContext, info: dict) -> None:
     """``method: auto`` with an ``evaluation:`` block: the candidate grid from the diagnosis's moments state, scored
     held out against raw and the published transform in one distributed pass (with the neighbour overlap of every
-    candidate), and the decision that follows the intervals (:func:`jobs.evaluation.run_evaluation`): publish the
-    best candidate, or keep what is published — when that leaves the output as it is (same input version), the
+    candidate), and the decision that follows the intervals (:func:`jobs.evaluation.run_evaluation`; candidates
+    below ``min_neighbour_overlap`` are left out of the choice): publish the best candidate, or keep what is published — when that leaves the output as it is (same input version), the
     run stops here with status ``kept``. An explicit method is judged in the gate (:func:`quality_gate`)."""
     config, rec = ctx.config, ctx.record
     rec["evidence"] = "labelled" if config.evaluation is not None else "label_free"
@@ -166,7 +166,8 @@ def evaluate(ctx: NightlyContext, info: dict) -> None:
         if published and previous.get("artifact") else None
     record, fitted, grid = evaluation.run_evaluation(
         ctx.spark, ctx.valid, config.vector_col, config.id_col, ctx.report.d, ctx.moments, ctx.recommendation,
-        config.evaluation, config.decision, ctx.cluster_recenter, published, published_transform, overlap_sample(config))
+        config.evaluation, config.decision, ctx.cluster_recenter, published, published_transform, overlap_sample(config),
+        config.min_neighbour_overlap)
     ctx.evaluation, rec["evaluation"] = record, json_safe(record)
     info["rows"] = record["queries"] or record["pairs"] or 0
     ctx.chosen, ctx.chosen_transform = record["chosen"], fitted[record["chosen"]]

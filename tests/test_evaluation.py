@@ -195,6 +195,9 @@ def test_the_decision_follows_the_intervals():
     assert (action, chosen) == ("keep", "published") and "against the published transform" in reason
     action, chosen, _ = decide(evidence_for(0.05, gain_published=0.05), "ndcg@10", 0.0, published=True)
     assert (action, chosen) == ("publish", "abtt D=1")
+    # a candidate the neighbour gate would refuse is left out of the choice, and named
+    action, chosen, reason = decide(clear, "ndcg@10", 0.0, False, {"abtt D=1": "neighbour overlap 0.100 < 0.25"})
+    assert (action, chosen) == ("keep", "none") and "left out: abtt D=1: neighbour overlap 0.100 < 0.25" in reason
 
 
 def test_an_explicit_method_worse_than_raw_is_refused():
