@@ -219,7 +219,7 @@ def _parse_cli_value(hint: Any, text: str | None) -> Any:
 @dataclasses.dataclass
 class EvaluationConfig:
     """The optional ``evaluation:`` block of the diagnose and nightly configs (held-out retrieval quality per
-    candidate, with confidence intervals; :mod:`jobs.evaluation`).
+    candidate, with confidence intervals; :mod:`jobs.evaluation`). It is on when ``queries`` or ``pairs`` is given.
 
     * ``queries``: Delta/Parquet table of (``query_id_col``, ``query_vector_col``, ``relevant_col`` — one id or
       a list of ids); scored by recall@k and nDCG@k against the whole corpus table (integer ids).
@@ -254,13 +254,16 @@ class EvaluationConfig:
     min_gain: float = 0.0
     max_quality_drop: float = 0.0
 
+    @property
+    def active(self) -> bool:
+        """The block turns on when queries or pairs are given (a block with neither is documentation only)."""
+        return bool(self.queries or self.pairs)
+
     def selection_metric(self) -> str:
         return self.metric or (f"ndcg@{self.k}" if self.queries else "spearman")
 
     def check(self) -> list[str]:
         problems = []
-        if not self.queries and not self.pairs:
-            problems.append("evaluation needs queries, pairs or both")
         if self.k < 1:
             problems.append(f"evaluation.k must be >= 1, got {self.k}")
         if len(self.pair_cols) != 3:

@@ -157,8 +157,8 @@ def evaluate(ctx: NightlyContext, info: dict) -> None:
     below ``min_neighbour_overlap`` are left out of the choice): publish the best candidate, or keep what is published — when that leaves the output as it is (same input version), the
     run stops here with status ``kept``. An explicit method is judged in the gate (:func:`quality_gate`)."""
     config, rec = ctx.config, ctx.record
-    rec["evidence"] = "labelled" if config.evaluation is not None else "label_free"
-    if config.evaluation is None or config.method != "auto":
+    rec["evidence"] = "labelled" if labelled(config) else "label_free"
+    if not labelled(config) or config.method != "auto":
         return
     previous = ctx.previous
     published = previous is not None
@@ -185,6 +185,11 @@ def evaluate(ctx: NightlyContext, info: dict) -> None:
     candidate = next(c for c in grid if c.name == ctx.chosen)
     ctx.method, ctx.chosen_params = candidate_fit(candidate.family, ctx.chosen_transform, list(candidate.directions),
                                                   config, ctx.recommendation)
+
+
+def labelled(config: NightlyConfig) -> bool:
+    """Whether the night has labelled evidence: an ``evaluation:`` block with queries or pairs."""
+    return config.evaluation is not None and config.evaluation.active
 
 
 def overlap_sample(config: NightlyConfig) -> evaluation.OverlapSample:
@@ -309,7 +314,7 @@ def gate_output(ctx: NightlyContext, info: dict) -> None:
             ctx.record["counts"]["rows_written"] = info["rows"]
     except GateError as exc:
         problems += exc.problems
-    if ctx.config.evaluation is not None and ctx.chosen is None and ctx.method != "none":
+    if labelled(ctx.config) and ctx.chosen is None and ctx.method != "none":
         problems += quality_gate(ctx)
     problems += neighbour_gate(ctx)
     if problems:
