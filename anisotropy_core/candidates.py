@@ -256,16 +256,17 @@ def decide(evidence: Evidence, metric: str, min_gain: float, published: bool,
     if best == RAW:
         return "keep", kept, f"{keep}: no candidate beats raw on {metric} on the selection half{left_out}"
     vs_raw = evidence.intervals[best]["delta_vs_raw"][metric]
-    said = f"best candidate {best} Δ {metric} vs raw {interval_text(vs_raw)}{left_out}"
+    said = f"best candidate {best} Δ {metric} vs raw {interval_text(vs_raw)}"
     if not vs_raw["low"] > min_gain:
-        return "keep", kept, f"{keep}: {said} does not exceed min_gain {min_gain:g}"
+        return "keep", kept, f"{keep}: {said} does not exceed min_gain {min_gain:g}{left_out}"
+    said += f" exceeds min_gain {min_gain:g}"
     if published:
         vs_published = evidence.intervals[best]["delta_vs_published"][metric]
-        said += f", vs published {interval_text(vs_published)}"
         if not vs_published["low"] > 0:
-            return "keep", kept, f"{keep}: {said} does not exceed 0 against the published transform"
-    return "publish", best, f"published {best}: {said} exceeds min_gain {min_gain:g}" + \
-        (" and the published transform" if published else "")
+            return "keep", kept, (f"{keep}: {said}, but Δ vs the published transform {interval_text(vs_published)} "
+                                  f"does not exceed 0{left_out}")
+        said += f" and Δ vs the published transform {interval_text(vs_published)} exceeds 0"
+    return "publish", best, f"published {best}: {said}{left_out}"
 
 
 def refuse_explicit(intervals: Mapping[str, Mapping | None], max_quality_drop: float) -> tuple[bool, str]:

@@ -43,7 +43,7 @@ from anisotropy_core.decision import DecisionThresholds, Recommendation
 from anisotropy_core.evaluation import neighbour_overlap, per_query_metrics
 from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import FittedTransform
-from anisotropy_spark.evaluation import (PairRows, QuerySet, distributed_top_k, integral_ids, pair_cosines, pair_rows,
+from anisotropy_spark.evaluation import (QuerySet, distributed_top_k, integral_ids, pair_cosines, pair_rows,
                                          read_queries, sample_rows)
 from anisotropy_spark.io import read_table
 from jobs.config import ConfigError, EvaluationConfig
