@@ -284,7 +284,8 @@ def evaluation_markdown(record: Mapping) -> str:
     metrics = sorted({m for row in record["candidates"].values() for m in row})
     metric = record["metric"]
     overlap = record.get("neighbour_overlap")
-    head = metrics + [f"Δ {metric} vs raw [{record['bootstrap']['confidence']:.0%} CI]"] + (["overlap"] if overlap else [])
+    confidence = record["bootstrap"]["confidence"]
+    head = metrics + [f"Δ {metric} vs raw [{confidence:.0%} CI]"] + (["overlap"] if overlap else [])
     lines = ["| candidate | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
     for name, row in record["candidates"].items():
         shown = f"**{name}** (chosen)" if name == record["chosen"] else ("none (raw)" if name == RAW else name)

@@ -154,8 +154,9 @@ def evaluate(ctx: NightlyContext, info: dict) -> None:
     """``method: auto`` with an ``evaluation:`` block: the candidate grid from the diagnosis's moments state, scored
     held out against raw and the published transform in one distributed pass (with the neighbour overlap of every
     candidate), and the decision that follows the intervals (:func:`jobs.evaluation.run_evaluation`; candidates
-    below ``min_neighbour_overlap`` are left out of the choice): publish the best candidate, or keep what is published — when that leaves the output as it is (same input version), the
-    run stops here with status ``kept``. An explicit method is judged in the gate (:func:`quality_gate`)."""
+    below ``min_neighbour_overlap`` are left out of the choice): publish the best candidate, or keep what is
+    published — when that leaves the output as it is (same input version), the run stops here with status
+    ``kept``. An explicit method is judged in the gate (:func:`quality_gate`)."""
     config, rec = ctx.config, ctx.record
     rec["evidence"] = "labelled" if labelled(config) else "label_free"
     if not labelled(config) or config.method != "auto":
@@ -166,14 +167,16 @@ def evaluate(ctx: NightlyContext, info: dict) -> None:
         if published and previous.get("artifact") else None
     record, fitted, grid = evaluation.run_evaluation(
         ctx.spark, ctx.valid, config.vector_col, config.id_col, ctx.report.d, ctx.moments, ctx.recommendation,
-        config.evaluation, config.decision, ctx.cluster_recenter, published, published_transform, overlap_sample(config),
-        config.min_neighbour_overlap)
+        config.evaluation, config.decision, ctx.cluster_recenter, published, published_transform,
+        overlap_sample(config), config.min_neighbour_overlap)
     ctx.evaluation, rec["evaluation"] = record, json_safe(record)
     info["rows"] = record["queries"] or record["pairs"] or 0
     ctx.chosen, ctx.chosen_transform = record["chosen"], fitted[record["chosen"]]
     ctx.neighbour_overlap = record["neighbour_overlap"][ctx.chosen]
     rec["reason"] = record["decision"]["reason"]
     log.info("evaluation: %s", rec["reason"])
+    for warning in record["warnings"]:
+        log.warning("evaluation: %s", warning)
     if ctx.chosen == PUBLISHED:
         ctx.method = previous.get("method") or "none"
         ctx.chosen_params = load_artifact(previous["artifact"]).manifest["params"] if previous.get("artifact") else {}
@@ -323,7 +326,8 @@ def gate_output(ctx: NightlyContext, info: dict) -> None:
         overlap = ctx.record["neighbour_overlap"]
         ctx.record["reason"] = (
             f"unverified: {ctx.method} applied without labelled evidence (no evaluation queries or pairs: the "
-            f"recommendation alone); neighbour overlap {overlap['mean']:.3f} >= min_neighbour_overlap {overlap['min']:g}")
+            f"recommendation alone); neighbour overlap {overlap['mean']:.3f} >= min_neighbour_overlap "
+            f"{overlap['min']:g}")
     elif ctx.evaluation is not None:
         ctx.record["evaluation"]["gate"] = {"candidate": ctx.chosen, "passes": True,
                                             "reason": ctx.record["evaluation"]["decision"]["reason"]}
