@@ -13,7 +13,8 @@ Metrics (binary relevance):
   more than k relevant documents (for example every other sentence of the same chapter);
 * nDCG@k   = Σ_{hits at rank r} 1/log2(r + 1) over the same sum for an ideal ranking of min(k, |relevant|)
   hits;
-* Spearman's ρ between two score lists (average ranks for ties), for (id_a, id_b, score) pair tables.
+* Spearman's ρ between two score lists (average ranks for ties), for (id_a, id_b, score) pair tables;
+* neighbourhood preservation: the share of a row's raw top-k that stays in its corrected top-k.
 """
 from __future__ import annotations
 
@@ -79,21 +80,40 @@ def block_top_k(unit_queries: np.ndarray, docs: np.ndarray, doc_ids: np.ndarray,
     return best
 
 
-def recall_at_k(retrieved: np.ndarray, relevant: Sequence[np.ndarray]) -> float:
-    """Mean over queries of |top-k ∩ relevant| / min(k, |relevant|). ``retrieved``: (m, k) ids, best first;
+def per_query_recall(retrieved: np.ndarray, relevant: Sequence[np.ndarray]) -> np.ndarray:
+    """(m,) |top-k ∩ relevant| / min(k, |relevant|) per query. ``retrieved``: (m, k) ids, best first;
     ``relevant``: m arrays of relevant ids (each non-empty)."""
     k = retrieved.shape[1]
     hits = _hits(retrieved, relevant)
-    return float(np.mean([row.sum() / min(k, len(rel)) for row, rel in zip(hits, relevant)]))
+    return np.array([row.sum() / min(k, len(rel)) for row, rel in zip(hits, relevant)], dtype=np.float64)
 
 
-def ndcg_at_k(retrieved: np.ndarray, relevant: Sequence[np.ndarray]) -> float:
-    """Mean over queries of binary-relevance nDCG@k (see the module docstring)."""
+def per_query_ndcg(retrieved: np.ndarray, relevant: Sequence[np.ndarray]) -> np.ndarray:
+    """(m,) binary-relevance nDCG@k per query (see the module docstring)."""
     k = retrieved.shape[1]
     discount = 1.0 / np.log2(np.arange(2, k + 2))
     hits = _hits(retrieved, relevant)
-    return float(np.mean([(row * discount).sum() / discount[:min(k, len(rel))].sum()
-                          for row, rel in zip(hits, relevant)]))
+    return np.array([(row * discount).sum() / discount[:min(k, len(rel))].sum() for row, rel in zip(hits, relevant)],
+                    dtype=np.float64)
+
+
+def recall_at_k(retrieved: np.ndarray, relevant: Sequence[np.ndarray]) -> float:
+    """Mean over queries of :func:`per_query_recall`."""
+    return float(np.mean(per_query_recall(retrieved, relevant)))
+
+
+def ndcg_at_k(retrieved: np.ndarray, relevant: Sequence[np.ndarray]) -> float:
+    """Mean over queries of :func:`per_query_ndcg`."""
+    return float(np.mean(per_query_ndcg(retrieved, relevant)))
+
+
+def neighbour_overlap(raw: np.ndarray, corrected: np.ndarray) -> np.ndarray:
+    """(m,) |raw top-k ∩ corrected top-k| / k per query row, for (m, k) id lists (unused slots, id
+    :data:`NO_ID`, never count as shared)."""
+    if raw.shape != corrected.shape:
+        raise ValueError(f"top-k lists of shapes {raw.shape} and {corrected.shape} cannot be compared")
+    shared = [np.intersect1d(a[a != NO_ID], b[b != NO_ID]).shape[0] for a, b in zip(raw, corrected)]
+    return np.asarray(shared, dtype=np.float64) / raw.shape[1]
 
 
 def _hits(retrieved: np.ndarray, relevant: Sequence[np.ndarray]) -> np.ndarray:
@@ -126,6 +146,11 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def retrieval_metrics(retrieved: np.ndarray, relevant: Sequence[np.ndarray]) -> dict[str, float]:
-    """``{"recall@k": …, "ndcg@k": …}`` for (m, k) retrieved ids."""
+    """``{"recall@k": …, "ndcg@k": …}`` (means over queries) for (m, k) retrieved ids."""
+    return {name: float(values.mean()) for name, values in per_query_metrics(retrieved, relevant).items()}
+
+
+def per_query_metrics(retrieved: np.ndarray, relevant: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+    """``{"recall@k": (m,), "ndcg@k": (m,)}`` per-query values for (m, k) retrieved ids."""
     k = retrieved.shape[1]
-    return {f"recall@{k}": recall_at_k(retrieved, relevant), f"ndcg@{k}": ndcg_at_k(retrieved, relevant)}
+    return {f"recall@{k}": per_query_recall(retrieved, relevant), f"ndcg@{k}": per_query_ndcg(retrieved, relevant)}

@@ -97,6 +97,24 @@ class Moments:
             comoment=self.comoment + other.comoment + np.outer(delta, delta) * (self.n * other.n / n),
         )
 
+    def remove(self, part: "Moments") -> "Moments":
+        """The state of the vectors that remain when the vectors of ``part`` (a sub-state of this one) are taken
+        out: the exact inverse of :meth:`merge`. With n_b = n − n_a, μ_b = μ + (μ − μ_a)·n_a/n_b and
+        δ = μ_b − μ_a, the co-moment is M_b = M − M_a − δδᵀ·n_a n_b / n. Raises when ``part`` holds as many
+        vectors as this state or more (nothing would remain) or has another dimension."""
+        if self.d != part.d:
+            raise ValueError(f"cannot remove moments of dimension {part.d} from dimension {self.d}")
+        if part.n == 0:
+            return self
+        if part.n >= self.n:
+            raise ValueError(f"cannot remove {part.n} vectors from a state of {self.n}: nothing would remain")
+        rest = self.n - part.n
+        mean = self.mean + (self.mean - part.mean) * (part.n / rest)
+        delta = mean - part.mean
+        comoment = self.comoment - part.comoment - np.outer(delta, delta) * (part.n * rest / self.n)
+        return Moments(n=rest, sum_unit=self.sum_unit - part.sum_unit, sum_norm=self.sum_norm - part.sum_norm,
+                       mean=mean, comoment=(comoment + comoment.T) / 2)
+
     def covariance(self) -> np.ndarray:
         """(d, d) population covariance Σ = comoment / n (the seed's 1/n convention)."""
         self._require_data()

@@ -1,15 +1,18 @@
 """Retrieval quality of raw vectors and of every candidate transform, on Spark, without collecting the corpus.
 
-* **Queries** (recall@k, nDCG@k): :func:`distributed_top_k`. The queries of every candidate (transformed on
-  the driver, unit rows, (m, d_out) each) are broadcast once. Each partition streams its Arrow batches;
-  per batch and candidate it transforms the batch (only the batch, never a stored copy), scores all
-  queries with one GEMM per slice of rows (:func:`anisotropy_core.evaluation.block_top_k`) and folds the
-  result into a running top-k per query. A partition emits one row — its (C, m, k) partial lists — and the
-  rows are combined with ``treeReduce`` (:func:`anisotropy_core.evaluation.merge_top_k`). Memory per task
-  is O(C·m·k + slice), independent of the corpus size; the driver holds O(C·m·k).
-* **Pairs** (Spearman ρ): :func:`pair_cosines` joins the (id_a, id_b, score) table with the corpus twice
-  (Spark joins), computes each candidate's cosine per pair in Arrow batches and brings back C + 1 doubles
-  per pair — the pairs table's size, never the corpus's.
+* **Queries** (recall@k, nDCG@k, neighbour overlap): :func:`distributed_top_k`, ONE pass over the corpus for
+  every scored list. A list (an *entry*) is a transform (None = raw) and the rows of the query matrix it scores
+  — e.g. one entry per (candidate, fold), each fold's queries scored by the candidate fitted without them. The
+  transformed, unit-length queries of every entry are broadcast once. Each partition streams its Arrow batches;
+  per batch it transforms the batch once per distinct transform (only the batch, never a stored copy), scores
+  each entry's queries with one GEMM per slice of rows (:func:`anisotropy_core.evaluation.block_top_k`) and
+  folds the result into that entry's running top-k. A partition emits one row — every entry's partial lists —
+  and the rows are combined with ``treeReduce`` (:func:`anisotropy_core.evaluation.merge_top_k`). Memory per
+  task is O(Σ m_e·k + slice), independent of the corpus size; the driver holds O(Σ m_e·k).
+* **Pairs** (Spearman ρ): :func:`pair_rows` joins the (id_a, id_b, score) table with the corpus twice (Spark
+  joins) and brings the two vectors of every pair to the driver — the pairs table's size, never the corpus's —
+  where every candidate's cosine is computed.
+* **A sample of corpus rows** (:func:`sample_rows`): the seeded rows the neighbour-overlap check queries with.
 """
 from __future__ import annotations
 
@@ -22,8 +25,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from anisotropy_core.evaluation import (block_top_k, empty_top_k, merge_top_k, retrieval_metrics, spearman,
-                                        unit_rows)
+from anisotropy_core.evaluation import block_top_k, empty_top_k, merge_top_k, unit_rows
 from anisotropy_core.transforms import FittedTransform
 
 from .arrow import batch_matrix
@@ -77,108 +79,158 @@ def read_queries(spark: SparkSession, path: str, id_col: str, vector_col: str, r
     return QuerySet(ids, vectors, relevant)
 
 
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One scored top-k list of :func:`distributed_top_k`: ``transform`` (None = raw vectors) and ``rows`` (m_e,),
+    the indices of the query-matrix rows it scores."""
+
+    transform: FittedTransform | None
+    rows: np.ndarray
+
+
 def distributed_top_k(df: DataFrame, vector_col: str, id_col: str, dimension: int,
                       candidates: Mapping[str, FittedTransform | None], queries: np.ndarray, k: int,
-                      query_ids: np.ndarray | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Exact cosine top-k of raw ``queries`` (m, d) over ``df`` for every candidate transform (None = raw).
+                      query_ids: np.ndarray | None = None, rows: Mapping[str, np.ndarray] | None = None,
+                      corpus_rows: np.ndarray | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Exact cosine top-k of raw ``queries`` (m, d) over ``df`` for every candidate transform (None = raw), in
+    one pass (module docstring).
 
-    ``query_ids`` (m,): when given, the corpus row with a query's own id is never retrieved for it.
-    Returns {candidate: (scores (m, k), ids (m, k))}, best first, ties by smaller id.
+    ``rows``: {candidate: indices into ``queries``} the candidate scores (default: every query).
+    ``query_ids`` (m,) with ``corpus_rows`` (m,) bool (default: all True): a query that is a corpus row never
+    retrieves the row with its own id, and every such id must be a corpus id (else ValueError naming it). An
+    entry may not mix corpus-row queries with outside ones.
+    Returns {candidate: (scores (m_e, k), ids (m_e, k))}, best first, ties by smaller id.
     """
     require_integral(df, id_col, "corpus id")
-    names = list(candidates)
     m = queries.shape[0]
-    per_candidate = [unit_rows(candidates[name].apply(queries) if candidates[name] else queries) for name in names]
-    spark = df.sparkSession
-    shared = spark.sparkContext.broadcast((per_candidate, None if query_ids is None else np.asarray(query_ids)))
-    transforms = [candidates[name] for name in names]
+    names = list(candidates)
+    own = np.ones(m, dtype=bool) if corpus_rows is None else np.asarray(corpus_rows, dtype=bool)
+    qids = None if query_ids is None else np.asarray(query_ids, dtype=np.int64)
+    entries = [Entry(candidates[name], np.arange(m) if rows is None or name not in rows
+                     else np.asarray(rows[name], dtype=np.int64)) for name in names]
+    distinct = list({id(e.transform): e.transform for e in entries}.values())
+    slot = {id(t): i for i, t in enumerate(distinct)}
+    per_transform = [unit_rows(t.apply(queries) if t is not None else queries) for t in distinct]
+    plan = []                              # (transform slot, unit queries (m_e, d_out), own ids (m_e,) or None)
+    for name, entry in zip(names, entries):
+        excluded = own[entry.rows] if qids is not None else np.zeros(entry.rows.shape[0], dtype=bool)
+        if excluded.any() and not excluded.all():
+            raise ValueError(f"entry {name!r} mixes queries that are corpus rows with queries that are not")
+        plan.append((slot[id(entry.transform)], per_transform[slot[id(entry.transform)]][entry.rows],
+                     qids[entry.rows] if excluded.any() else None))
+    wanted = np.unique(qids[own]) if qids is not None else np.zeros(0, dtype=np.int64)
+    sizes = [p[1].shape[0] for p in plan]
+    shared = df.sparkSession.sparkContext.broadcast((plan, wanted))
 
     def fold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        qs, qids = shared.value
-        best = [empty_top_k(m, k) for _ in names]
+        entries_, ids_wanted = shared.value
+        best = [empty_top_k(q.shape[0], k) for _, q, _ in entries_]
+        found = np.zeros(ids_wanted.shape[0], dtype=bool)
         for batch in batches:
             if not batch.num_rows:
                 continue
             x = batch_matrix(batch, vector_col, dimension)
             ids = np.asarray(batch.column(batch.schema.get_field_index(id_col)).to_numpy(zero_copy_only=False),
                              dtype=np.int64)
-            for c, transform in enumerate(transforms):
-                docs = transform.apply(x) if transform is not None else x
-                best[c] = merge_top_k(best[c], block_top_k(qs[c], docs, ids, k, qids))
-        payload = np.stack([s for s, _ in best]).tobytes() + np.stack([i for _, i in best]).tobytes()
+            found |= np.isin(ids_wanted, ids)
+            docs = [t.apply(x) if t is not None else x for t in distinct]
+            for e, (t_slot, q, own_ids) in enumerate(entries_):
+                best[e] = merge_top_k(best[e], block_top_k(q, docs[t_slot], ids, k, own_ids))
+        payload = b"".join([np.concatenate([s.ravel() for s, _ in best]).tobytes(),
+                            np.concatenate([i.ravel() for _, i in best]).tobytes(), found.tobytes()])
         yield pa.RecordBatch.from_pydict({"payload": [payload]}, schema=pa.schema([("payload", pa.binary())]))
 
-    def unpack(payload: bytes) -> list[tuple[np.ndarray, np.ndarray]]:
-        half = len(names) * m * k
-        scores = np.frombuffer(payload, dtype=np.float64, count=half).reshape(len(names), m, k)
-        ids = np.frombuffer(payload, dtype=np.int64, offset=half * 8).reshape(len(names), m, k)
-        return [(scores[c], ids[c]) for c in range(len(names))]
+    total = sum(sizes) * k
+
+    def unpack(payload: bytes):
+        scores = np.frombuffer(payload, dtype=np.float64, count=total)
+        ids = np.frombuffer(payload, dtype=np.int64, count=total, offset=total * 8)
+        found = np.frombuffer(payload, dtype=bool, offset=total * 16)
+        bounds = np.cumsum([0] + sizes) * k
+        lists = [(scores[a:b].reshape(-1, k), ids[a:b].reshape(-1, k)) for a, b in zip(bounds[:-1], bounds[1:])]
+        return lists, found
 
     def combine(a, b):
-        return [merge_top_k(x, y) for x, y in zip(a, b)]
+        return [merge_top_k(x, y) for x, y in zip(a[0], b[0])], a[1] | b[1]
 
     try:
         partials = df.select(vector_col, id_col).mapInArrow(fold, "payload binary")
-        merged = tree_reduce(partials.rdd.map(lambda row: unpack(bytes(row["payload"]))), combine)
+        merged, found = tree_reduce(partials.rdd.map(lambda row: unpack(bytes(row["payload"]))), combine)
     finally:
         shared.unpersist()
+    if not found.all():
+        raise ValueError(f"query id {int(wanted[np.argmin(found)])} is not an id of the corpus: a query marked as a "
+                         "corpus row (exclude_self) must be one")
     return dict(zip(names, merged))
 
 
-def pair_cosines(df: DataFrame, vector_col: str, id_col: str, dimension: int, pairs: DataFrame,
-                 candidates: Mapping[str, FittedTransform | None], id_a: str = "id_a", id_b: str = "id_b",
-                 score: str = "score") -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Cosine of every (id_a, id_b) pair under every candidate, and the pairs' gold scores.
+@dataclasses.dataclass
+class PairRows:
+    """The pairs of an evaluation on the driver: ``id_a``, ``id_b`` (p,), ``gold`` (p,) scores, ``a``, ``b`` (p, d)
+    float64 raw vectors of the two rows of each pair."""
 
-    Raises naming the first pair whose id is not in the corpus (never a silent drop) or whose score is null.
-    Returns ({candidate: (p,) cosines}, (p,) scores).
-    """
+    id_a: np.ndarray
+    id_b: np.ndarray
+    gold: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+
+    def keys(self) -> list[str]:
+        """One text key per pair (what the selection / report split hashes)."""
+        return [f"{x}\t{y}" for x, y in zip(self.id_a.tolist(), self.id_b.tolist())]
+
+    def distinct_rows(self) -> np.ndarray:
+        """(r, d) the vectors of the distinct corpus rows the pairs use (each row once)."""
+        ids = np.concatenate([self.id_a, self.id_b])
+        _, first = np.unique(ids.astype(str) if ids.dtype.kind not in "iu" else ids, return_index=True)
+        return np.concatenate([self.a, self.b])[np.sort(first)]
+
+
+def pair_rows(df: DataFrame, vector_col: str, id_col: str, dimension: int, pairs: DataFrame, id_a: str = "id_a",
+              id_b: str = "id_b", score: str = "score") -> PairRows:
+    """The pairs table joined with the corpus ``df``, collected (:class:`PairRows`). Raises naming the first pair
+    whose id is not in the corpus (never a silent drop) or whose score is null."""
     require_columns(pairs.columns, [id_a, id_b, score], "pairs")
     corpus = df.select(F.col(id_col).alias("_id"), F.col(vector_col).alias("_v"))
     joined = (pairs.select(F.col(id_a).alias("_a"), F.col(id_b).alias("_b"), F.col(score).cast("double").alias("_s"))
               .join(corpus.withColumnRenamed("_v", "_va"), F.col("_a") == F.col("_id"), "left").drop("_id")
               .join(corpus.withColumnRenamed("_v", "_vb"), F.col("_b") == F.col("_id"), "left").drop("_id"))
-    bad = joined.where(F.col("_va").isNull() | F.col("_vb").isNull() | F.col("_s").isNull()).limit(1).collect()
-    if bad:
-        row = bad[0]
-        raise ValueError(f"pair ({id_a}={row['_a']}, {id_b}={row['_b']}): "
-                         + ("score is null" if row["_s"] is None else "id not found in the corpus"))
-    names = list(candidates)
-    transforms = [candidates[name] for name in names]
-
-    def cosines(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            a, b = batch_matrix(batch, "_va", dimension), batch_matrix(batch, "_vb", dimension)
-            columns = [batch.column(batch.schema.get_field_index("_s"))]
-            for transform in transforms:
-                ta, tb = (transform.apply(a), transform.apply(b)) if transform is not None else (a, b)
-                columns.append(pa.array(np.einsum("ij,ij->i", unit_rows(ta), unit_rows(tb)), pa.float64()))
-            yield pa.RecordBatch.from_arrays(columns, names=["_s"] + [f"c{i}" for i in range(len(names))])
-
-    schema = "_s double, " + ", ".join(f"c{i} double" for i in range(len(names)))
-    table = joined.select("_s", "_va", "_vb").mapInArrow(cosines, schema).toArrow()
-    return ({name: table.column(f"c{i}").to_numpy() for i, name in enumerate(names)},
-            table.column("_s").to_numpy())
+    table = joined.select("_a", "_b", "_s", "_va", "_vb").toArrow().combine_chunks()
+    if table.num_rows == 0:
+        raise ValueError("pairs table is empty")
+    va, vb, gold = table.column("_va"), table.column("_vb"), table.column("_s")
+    bad = np.asarray(va.is_null()) | np.asarray(vb.is_null()) | np.asarray(gold.is_null())
+    if bad.any():
+        i = int(np.argmax(bad))
+        a, b = table.column("_a")[i].as_py(), table.column("_b")[i].as_py()
+        raise ValueError(f"pair ({id_a}={a}, {id_b}={b}): "
+                         + ("score is null" if not gold[i].is_valid else "id not found in the corpus"))
+    batch = table.to_batches()[0]
+    return PairRows(table.column("_a").to_numpy(zero_copy_only=False), table.column("_b").to_numpy(zero_copy_only=False),
+                    gold.to_numpy(), batch_matrix(batch, "_va", dimension), batch_matrix(batch, "_vb", dimension))
 
 
-def evaluate_candidates(df: DataFrame, vector_col: str, id_col: str, dimension: int,
-                        candidates: Mapping[str, FittedTransform | None], queries: QuerySet | None = None,
-                        pairs: DataFrame | None = None, k: int = 10, exclude_self: bool = False,
-                        pair_cols: tuple[str, str, str] = ("id_a", "id_b", "score")) -> dict[str, dict[str, float]]:
-    """Score every candidate (None = raw vectors): recall@k and nDCG@k of ``queries`` against the whole
-    corpus, Spearman ρ of ``pairs``. Each candidate transforms only the corpus batches it scores, the
-    queries and the paired vectors. ``exclude_self``: a query never retrieves the corpus row with its id.
-    Returns {candidate: {metric: value}}."""
-    if queries is None and pairs is None:
-        raise ValueError("evaluation needs queries, pairs or both")
-    scores: dict[str, dict[str, float]] = {name: {} for name in candidates}
-    if queries is not None:
-        top = distributed_top_k(df, vector_col, id_col, dimension, candidates, queries.vectors, k,
-                                queries.ids if exclude_self else None)
-        for name, (_, ids) in top.items():
-            scores[name].update(retrieval_metrics(ids, queries.relevant))
-    if pairs is not None:
-        cos, gold = pair_cosines(df, vector_col, id_col, dimension, pairs, candidates, *pair_cols)
-        for name, values in cos.items():
-            scores[name]["spearman"] = spearman(values, gold)
-    return scores
+def pair_cosines(rows: PairRows, transform: FittedTransform | None) -> np.ndarray:
+    """(p,) cosine of each pair's two vectors under ``transform`` (None = raw)."""
+    a, b = (transform.apply(rows.a), transform.apply(rows.b)) if transform is not None else (rows.a, rows.b)
+    return np.einsum("ij,ij->i", unit_rows(a), unit_rows(b))
+
+
+def integral_ids(df: DataFrame, id_col: str) -> tuple[DataFrame, str]:
+    """(``df``, an integer id column): ``id_col`` itself when it holds integers, else its 64-bit hash
+    ``_row_hash`` (the neighbour-overlap check needs integer ids; a collision is a 2⁻⁶⁴ event per pair)."""
+    if isinstance(df.schema[id_col].dataType, INTEGRAL):
+        return df, id_col
+    return df.withColumn("_row_hash", F.xxhash64(F.col(id_col))), "_row_hash"
+
+
+def sample_rows(df: DataFrame, vector_col: str, id_col: str, dimension: int, size: int,
+                seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(ids (s,) int64, vectors (s, d)) of ``size`` corpus rows chosen by a seeded hash of the (integer) id: the
+    same rows for the same ids and seed, in one pass (each partition keeps its ``size`` lowest hashes)."""
+    table = (df.select(id_col, vector_col).orderBy(F.xxhash64(F.col(id_col), F.lit(seed)), id_col).limit(size)
+             .toArrow().combine_chunks())
+    if table.num_rows == 0:
+        raise ValueError("no corpus rows to sample")
+    ids = np.asarray(table.column(id_col).to_numpy(zero_copy_only=False), dtype=np.int64)
+    return ids, batch_matrix(table.to_batches()[0], vector_col, dimension)

@@ -27,7 +27,7 @@ from jobs.config import ConfigError
 from jobs.gate import GateError
 
 log = logging.getLogger("anisotropy")
-EXIT = {"published": 0, "noop": 0, "rolled_back": 0, "config_error": 2, "gate_rejected": 3,
+EXIT = {"published": 0, "noop": 0, "kept": 0, "rolled_back": 0, "config_error": 2, "gate_rejected": 3,
         "concurrent_publish": 4, "invalid_input": 5, "failed": 1}
 CLASSES = ((ConfigError, "config_error"), (SchemaError, "config_error"), (ArtifactError, "config_error"),
            (FileNotFoundError, "config_error"), (GateError, "gate_rejected"),

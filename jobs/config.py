@@ -218,15 +218,24 @@ def _parse_cli_value(hint: Any, text: str | None) -> Any:
 
 @dataclasses.dataclass
 class EvaluationConfig:
-    """The optional ``evaluation:`` block of the diagnose and nightly configs (retrieval quality per candidate).
+    """The optional ``evaluation:`` block of the diagnose and nightly configs (held-out retrieval quality per
+    candidate, with confidence intervals; :mod:`jobs.evaluation`). It is on when ``queries`` or ``pairs`` is given.
 
     * ``queries``: Delta/Parquet table of (``query_id_col``, ``query_vector_col``, ``relevant_col`` — one id or
       a list of ids); scored by recall@k and nDCG@k against the whole corpus table (integer ids).
-      ``exclude_self``: a query never retrieves the corpus row with its own id (queries taken from the corpus).
+      ``exclude_self``: the queries are rows of the corpus — a query never retrieves its own row, and its row is
+      kept out of the fit: the queries fall into ``folds`` folds by a hash of their id and each fold is scored
+      by candidates fitted on the corpus minus that fold's rows. Without it the queries are real queries (not
+      corpus rows) and the query-drift check runs.
     * ``pairs``: Delta/Parquet table of (``pair_cols`` = id_a, id_b, score); scored by Spearman ρ of the cosine
-      with the score.
+      with the score; the rows the pairs use are kept out of the fit.
     * ``metric``: the metric that picks the best candidate (default ``ndcg@k`` with queries, else ``spearman``).
-    * ``max_quality_drop``: the gate refuses a candidate whose any metric is below raw by more than this.
+    * Queries (pairs) are split by a hash of their id (``seed``) into a selection half (picks the best candidate)
+      and a report half (reports it: means and a paired bootstrap interval, ``resamples`` draws, ``confidence``).
+    * ``min_gain``: ``method: auto`` publishes a candidate only when the lower bound of its Δ against raw exceeds
+      this (and its Δ against the published transform exceeds 0).
+    * ``max_quality_drop``: an explicitly configured method is refused when the upper bound of its Δ against raw
+      (any metric) is below −max_quality_drop.
     """
 
     queries: str | None = None
@@ -238,15 +247,23 @@ class EvaluationConfig:
     pair_cols: list[str] = dataclasses.field(default_factory=lambda: ["id_a", "id_b", "score"])
     k: int = 10
     metric: str | None = None
+    folds: int = 5
+    resamples: int = 2000
+    confidence: float = 0.95
+    seed: int = 0
+    min_gain: float = 0.0
     max_quality_drop: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        """The block turns on when queries or pairs are given (a block with neither is documentation only)."""
+        return bool(self.queries or self.pairs)
 
     def selection_metric(self) -> str:
         return self.metric or (f"ndcg@{self.k}" if self.queries else "spearman")
 
     def check(self) -> list[str]:
         problems = []
-        if not self.queries and not self.pairs:
-            problems.append("evaluation needs queries, pairs or both")
         if self.k < 1:
             problems.append(f"evaluation.k must be >= 1, got {self.k}")
         if len(self.pair_cols) != 3:
@@ -254,6 +271,10 @@ class EvaluationConfig:
         known = ([f"recall@{self.k}", f"ndcg@{self.k}"] if self.queries else []) + (["spearman"] if self.pairs else [])
         if self.metric is not None and self.metric not in known:
             problems.append(f"evaluation.metric {self.metric!r} is not measured; choose one of {known}")
+        if self.folds < 1 or self.resamples < 100:
+            problems.append(f"evaluation.folds must be >= 1 and resamples >= 100, got {self.folds}, {self.resamples}")
+        if not 0 < self.confidence < 1:
+            problems.append(f"evaluation.confidence must be in (0, 1), got {self.confidence}")
         if not self.max_quality_drop >= 0:
             problems.append(f"evaluation.max_quality_drop must be >= 0, got {self.max_quality_drop}")
         return problems

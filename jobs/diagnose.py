@@ -179,10 +179,10 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
              "partition_ratio": partition_ratio(sample[0])["I"], "uniformity": uniformity(sample[0])["uniformity"]}
     recommendation = recommend({**report, **extra}, per_cluster, artefact, config.decision)
     evaluation = None
-    if config.evaluation:
+    if config.evaluation and config.evaluation.active:
         with timed_stage(log, timings, "evaluation") as info:
-            evaluation = run_evaluation(spark, valid, vector_col, id_col, d, state, recommendation,
-                                        config.evaluation, config.decision)
+            evaluation, _, _ = run_evaluation(spark, valid, vector_col, id_col, d, state, recommendation,
+                                              config.evaluation, config.decision)
     metrics = {**report.scalars(), **{k: plain_scalar(extra[k]) for k in EXTRA_METRICS}}
     return {
         "run_id": uuid.uuid4().hex,

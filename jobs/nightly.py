@@ -7,7 +7,7 @@ publish, one command. The stages are :mod:`jobs.nightly_stages`; this module run
 
 Modules: settings :mod:`jobs.nightly_config`; fit-or-reuse :mod:`jobs.fit_or_reuse`; gate :mod:`jobs.gate`;
 run records :mod:`jobs.run_records`; Delta state, publish and conflicts :mod:`anisotropy_spark.publish`.
-Exit codes: 0 published / no-op / rolled back; 2 config error; 3 gate rejected; 4 lost a concurrent
+Exit codes: 0 published / no-op / kept / rolled back; 2 config error; 3 gate rejected; 4 lost a concurrent
 publish; 5 invalid input rows (``on_invalid: error``); 1 anything else.
 """
 from __future__ import annotations

@@ -55,6 +55,9 @@ class NightlyConfig(InputSettings):
     artefact_directions: int = 10
     decision: DecisionThresholds = dataclasses.field(default_factory=DecisionThresholds)
     evaluation: EvaluationConfig | None = None
+    min_neighbour_overlap: float = 0.25
+    neighbour_sample: int = 200
+    neighbour_k: int = 10
     refit: Literal["always", "on_drift"] = "on_drift"
     drift: dict[str, float] = dataclasses.field(default_factory=lambda: {
         "offset_ratio": 0.05, "anisotropy_A": 0.05, "top1_var": 0.05, "erank_frac": 0.05})
@@ -86,6 +89,9 @@ class NightlyConfig(InputSettings):
         if self.abtt_D2 is not None and self.abtt_D2 < 0 or self.pca_k is not None and self.pca_k < 1:
             problems.append(f"abtt_D2 must be >= 0 and pca_k >= 1, got {self.abtt_D2}, {self.pca_k}")
         problems += flow_problems(self, "flow_")
+        if not 0.0 <= self.min_neighbour_overlap <= 1.0 or self.neighbour_sample < 1 or self.neighbour_k < 1:
+            problems.append(f"min_neighbour_overlap must be in [0, 1], neighbour_sample and neighbour_k >= 1, got "
+                            f"{self.min_neighbour_overlap}, {self.neighbour_sample}, {self.neighbour_k}")
         if self.artefact_directions < 1:
             problems.append(f"artefact_directions must be >= 1, got {self.artefact_directions}")
         if self.sample_size < 3:
@@ -118,7 +124,8 @@ def check_against_data(config: NightlyConfig, n: int, d: int, method: str) -> No
 
 
 # settings that say where things go or how a run is gated, not what the published vectors are
-NON_CONTENT_KEYS = ("master", "runs_dir", "runs_table", "artifacts_dir", "quarantine_path", "app_id", "output_bounds")
+NON_CONTENT_KEYS = ("master", "runs_dir", "runs_table", "artifacts_dir", "quarantine_path", "app_id", "output_bounds",
+                    "min_neighbour_overlap", "neighbour_sample", "neighbour_k")
 
 
 def nightly_config_hash(config: NightlyConfig) -> str:

@@ -14,6 +14,8 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from anisotropy_core.artifact import load_artifact
+from anisotropy_core.candidates import PUBLISHED, refuse_explicit
 from anisotropy_core.clustering import ClusterRecenter, cluster_diagnostics
 from anisotropy_core.decision import Recommendation, recommend
 from anisotropy_core.diagnostics import Diagnosis, diagnose as diagnose_moments
@@ -63,6 +65,8 @@ class NightlyContext:
     evaluation: dict | None = None
     chosen: str | None = None
     chosen_transform: FittedTransform | None = None
+    chosen_params: dict | None = None
+    neighbour_overlap: float | None = None
     method: str = "none"
     model: CorrectionModel | None = None
     transform_version: str = "none"
@@ -145,8 +149,8 @@ def diagnose(ctx: NightlyContext, info: dict) -> None:
 
 
 def decide(ctx: NightlyContext, info: dict) -> None:
-    """``method: auto`` applies the recommendation (or, with an ``evaluation:`` block, the best-scoring
-    candidate: see :func:`evaluate`); an explicit method is applied, the recommendation recorded."""
+    """``method: auto`` applies the recommendation (or, with an ``evaluation:`` block, what the evaluation's
+    intervals support: see :func:`evaluate`); an explicit method is applied, the recommendation recorded."""
     rec = ctx.record
     recommendation = ctx.recommendation = recommend(ctx.report, ctx.clusters, ctx.artefact, ctx.config.decision)
     ctx.method = recommendation.method if ctx.config.method == "auto" else ctx.config.method
@@ -159,36 +163,67 @@ def decide(ctx: NightlyContext, info: dict) -> None:
 
 
 def evaluate(ctx: NightlyContext, info: dict) -> None:
-    """With an ``evaluation:`` block: fit every candidate from the diagnosis's moments state (plus
-    cluster_recenter under ``mixture_check``), score them all in one distributed pass
-    (:func:`jobs.evaluation.score_candidates`) and, with ``method: auto``, apply the best one."""
-    config = ctx.config
-    if config.evaluation is None:
+    """``method: auto`` with an ``evaluation:`` block: the candidate grid from the diagnosis's moments state, scored
+    held out against raw and the published transform in one distributed pass (with the neighbour overlap of every
+    candidate), and the decision that follows the intervals (:func:`jobs.evaluation.run_evaluation`; candidates
+    below ``min_neighbour_overlap`` are left out of the choice): publish the best candidate, or keep what is
+    published — when that leaves the output as it is (same input version), the run stops here with status
+    ``kept``. An explicit method is judged in the gate (:func:`quality_gate`)."""
+    config, rec = ctx.config, ctx.record
+    rec["evidence"] = "labelled" if labelled(config) else "label_free"
+    if not labelled(config) or config.method != "auto":
         return
-    candidates = evaluation.fit_for_evaluation(ctx.moments, ctx.recommendation, config.decision, ctx.cluster_recenter)
-    record = evaluation.score_candidates(ctx.spark, ctx.valid, config.vector_col, config.id_col, ctx.report.d,
-                                         candidates, config.evaluation)
-    ctx.evaluation, ctx.record["evaluation"] = record, json_safe(record)
-    info["rows"] = record["queries"] or 0
-    log.info("evaluation: %s by %s; raw %s", record["chosen"], record["metric"], record["raw"])
-    if config.method == "auto":
-        ctx.chosen, ctx.chosen_transform = record["chosen"], candidates[record["chosen"]]
-        directions = evaluation.candidate_directions(ctx.moments, ctx.recommendation)
-        ctx.method, _ = candidate_fit(ctx.chosen, ctx.chosen_transform, directions, config, ctx.recommendation)
+    previous = ctx.previous
+    published = previous is not None
+    published_transform = load_artifact(previous["artifact"], expected_dimension=ctx.report.d).transform \
+        if published and previous.get("artifact") else None
+    record, fitted, grid = evaluation.run_evaluation(
+        ctx.spark, ctx.valid, config.vector_col, config.id_col, ctx.report.d, ctx.moments, ctx.recommendation,
+        config.evaluation, config.decision, ctx.cluster_recenter, published, published_transform,
+        overlap_sample(config), config.min_neighbour_overlap)
+    ctx.evaluation, rec["evaluation"] = record, json_safe(record)
+    info["rows"] = record["queries"] or record["pairs"] or 0
+    ctx.chosen, ctx.chosen_transform = record["chosen"], fitted[record["chosen"]]
+    ctx.neighbour_overlap = record["neighbour_overlap"][ctx.chosen]
+    rec["reason"] = record["decision"]["reason"]
+    log.info("evaluation: %s", rec["reason"])
+    for warning in record["warnings"]:
+        log.warning("evaluation: %s", warning)
+    if ctx.chosen == PUBLISHED:
+        ctx.method = previous.get("method") or "none"
+        ctx.chosen_params = load_artifact(previous["artifact"]).manifest["params"] if previous.get("artifact") else {}
+        if previous.get("input_path") == config.input and previous.get("input_version") == ctx.ref.version:
+            rec.update(status="kept", mode="kept")
+            rec["output"]["version"] = ctx.state.version
+            ctx.finished = True
+        return
+    candidate = next(c for c in grid if c.name == ctx.chosen)
+    ctx.method, ctx.chosen_params = candidate_fit(candidate.family, ctx.chosen_transform, list(candidate.directions),
+                                                  config, ctx.recommendation)
+
+
+def labelled(config: NightlyConfig) -> bool:
+    """Whether the night has labelled evidence: an ``evaluation:`` block with queries or pairs."""
+    return config.evaluation is not None and config.evaluation.active
+
+
+def overlap_sample(config: NightlyConfig) -> evaluation.OverlapSample:
+    """The neighbour-overlap check of ``config`` (``neighbour_sample`` rows, top-``neighbour_k``, ``seed``)."""
+    return evaluation.OverlapSample(config.neighbour_sample, config.neighbour_k, config.seed)
 
 
 def fit(ctx: NightlyContext, info: dict) -> None:
     """Reuse the last published transform when allowed (:func:`jobs.fit_or_reuse.reusable`), else fit (from the
     diagnosis's moments when the method is moment-based: no second pass) and save.
-    An evaluation candidate chosen by :func:`evaluate` is already fitted: it is saved, not fitted again."""
+    An evaluation candidate chosen by :func:`evaluate` is already fitted: it is saved, not fitted again; when the
+    evaluation keeps the published transform, its artifact is applied as it is."""
     config, method = ctx.config, ctx.method
-    if ctx.chosen is not None:
-        directions = evaluation.candidate_directions(ctx.moments, ctx.recommendation)
-        _, params = candidate_fit(ctx.chosen, ctx.chosen_transform, directions, config, ctx.recommendation)
-    else:
-        params = fit_params(config, method, ctx.recommendation)
+    params = ctx.chosen_params if ctx.chosen is not None else fit_params(config, method, ctx.recommendation)
     artifact_path, why = None, "method none: vectors published unchanged"
-    if method != "none":
+    if ctx.chosen == PUBLISHED and method != "none":
+        ctx.model, artifact_path = model_from(load_artifact(ctx.previous["artifact"]), config), ctx.previous["artifact"]
+        why = "the evaluation keeps the published transform"
+    elif method != "none":
         reused, why = reusable(config, ctx.previous, method, params, ctx.report.d, ctx.record["input_metrics"])
         if reused is not None:
             ctx.model, artifact_path = model_from(reused, config), ctx.previous["artifact"]
@@ -282,31 +317,68 @@ def diagnose_output(ctx: NightlyContext, info: dict) -> None:
 
 
 def gate_output(ctx: NightlyContext, info: dict) -> None:
-    """:func:`jobs.gate.gate`, then (with an ``evaluation:`` block) the quality gate: the applied transform's
-    metrics may not fall below raw by more than ``max_quality_drop``. Raises GateError (nothing is published)."""
-    ctx.record["counts"].update(gate(ctx.candidate, ctx.valid, ctx.config, ctx.d_out, ctx.output_metrics,
-                                     ctx.output_error))
-    info["rows"] = ctx.record["counts"]["output_rows"]
-    if ctx.record["mode"] == "full":
-        ctx.record["counts"]["rows_written"] = info["rows"]
-    if ctx.config.evaluation is not None and ctx.method != "none":
-        quality_gate(ctx)
+    """:func:`jobs.gate.gate` (counts and bounds), the neighbour-overlap gate (:func:`neighbour_gate`) and, for an
+    explicitly configured method with an ``evaluation:`` block, the quality gate (:func:`quality_gate`). Every
+    failed check is listed in ONE GateError (nothing is published)."""
+    problems = []
+    try:
+        ctx.record["counts"].update(gate(ctx.candidate, ctx.valid, ctx.config, ctx.d_out, ctx.output_metrics,
+                                         ctx.output_error))
+        info["rows"] = ctx.record["counts"]["output_rows"]
+        if ctx.record["mode"] == "full":
+            ctx.record["counts"]["rows_written"] = info["rows"]
+    except GateError as exc:
+        problems += exc.problems
+    if labelled(ctx.config) and ctx.chosen is None and ctx.method != "none":
+        problems += quality_gate(ctx)
+    problems += neighbour_gate(ctx)
+    if problems:
+        raise GateError(problems)
+    if ctx.record.get("evidence") == "label_free":
+        overlap = ctx.record["neighbour_overlap"]
+        ctx.record["reason"] = (
+            f"unverified: {ctx.method} applied without labelled evidence (no evaluation queries or pairs: the "
+            f"recommendation alone); neighbour overlap {overlap['mean']:.3f} >= min_neighbour_overlap "
+            f"{overlap['min']:g}")
+    elif ctx.evaluation is not None:
+        ctx.record["evaluation"]["gate"] = {"candidate": ctx.chosen, "passes": True,
+                                            "reason": ctx.record["evaluation"]["decision"]["reason"]}
 
 
-def quality_gate(ctx: NightlyContext) -> None:
-    """Gate the applied transform on the evaluation set: the chosen candidate's scores (``method: auto``), else
-    the applied model scored against raw in one more pass. Records ``evaluation.gate``."""
-    record, name = ctx.evaluation, ctx.chosen
-    if name is None:
-        name = "applied"
-        record = evaluation.score_candidates(ctx.spark, ctx.valid, ctx.config.vector_col, ctx.config.id_col,
-                                             ctx.report.d, {"none": None, name: ctx.model.transform_},
-                                             ctx.config.evaluation)
-        ctx.record["evaluation"]["applied"] = json_safe(record["candidates"][name])
-    passes, reason = evaluation.gate(record, ctx.config.evaluation, name)
-    ctx.record["evaluation"]["gate"] = {"candidate": name, "passes": passes, "reason": reason}
-    if not passes:
-        raise GateError([reason])
+def quality_gate(ctx: NightlyContext) -> list[str]:
+    """An explicitly configured method against raw: the applied model (as fitted on every row) and raw scored on
+    every query / pair in one pass, with the paired bootstrap (:func:`jobs.evaluation.score_applied`; the same
+    pass gives the neighbour overlap); refused when an interval of Δ vs raw lies below −``max_quality_drop``
+    (:func:`anisotropy_core.candidates.refuse_explicit`). Records ``evaluation`` with its ``gate``; returns the
+    problem (empty when it passes)."""
+    config = ctx.config
+    scored = evaluation.score_applied(ctx.spark, ctx.valid, config.vector_col, config.id_col, ctx.report.d,
+                                      ctx.model.transform_, config.evaluation, overlap_sample(config))
+    ctx.neighbour_overlap = scored["neighbour_overlap"]
+    passes, reason = refuse_explicit(scored["intervals"]["applied"], config.evaluation.max_quality_drop)
+    ctx.record["evaluation"] = json_safe({"evidence": "labelled", "metric": config.evaluation.selection_metric(),
+                                          **scored, "gate": {"candidate": "applied", "passes": passes,
+                                                             "reason": reason}})
+    return [] if passes else [reason]
+
+
+def neighbour_gate(ctx: NightlyContext) -> list[str]:
+    """The mean overlap of each sampled corpus row's raw top-k with its corrected top-k (own row excluded), from
+    the evaluation pass when it measured it, else one pass now; recorded as ``neighbour_overlap`` and refused
+    below ``min_neighbour_overlap``. Returns the problem (empty when it passes)."""
+    config = ctx.config
+    if ctx.neighbour_overlap is None:
+        ctx.neighbour_overlap = evaluation.neighbour_check(
+            ctx.valid, config.vector_col, config.id_col, ctx.report.d,
+            ctx.model.transform_ if ctx.model is not None else None, overlap_sample(config))
+    value = ctx.neighbour_overlap
+    passes = value >= config.min_neighbour_overlap
+    ctx.record["neighbour_overlap"] = {"mean": value, "k": config.neighbour_k, "rows": config.neighbour_sample,
+                                       "min": config.min_neighbour_overlap, "passes": passes}
+    if passes:
+        return []
+    return [f"neighbour overlap {value:.3f} < min_neighbour_overlap {config.min_neighbour_overlap:g}: the correction "
+            f"keeps {value:.0%} of each sampled row's raw top-{config.neighbour_k} neighbours"]
 
 
 def publish_output(ctx: NightlyContext, info: dict) -> None:

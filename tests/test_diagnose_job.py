@@ -342,10 +342,16 @@ def test_per_direction_artefact_recommendation_evaluation_and_html(spark, tmp_pa
     # a Gaussian blob split in two by k-means looks "locally isotropic": the mixture branch (checked first)
     # wins here; without the cluster table the same corpus gets ABTT of PC3 (tests/test_decision.py)
     evaluation = report["evaluation"]
-    assert set(evaluation["candidates"]) == {"none", "center", "abtt", "whitening", "abtt+whitening"}
+    names = set(evaluation["candidates"])
+    assert {"none", "center", "abtt D=1", "abtt [3]"} <= names                # d/100 → D = 1, the artefact set [3]
+    assert {n.split(" ")[0] for n in names} == {"none", "center", "abtt", "whitening", "abtt+whitening"}
     assert evaluation["raw"] == evaluation["candidates"]["none"] and evaluation["metric"] == "ndcg@5"
-    assert evaluation["fitted"]["abtt"]["directions"] == [3] and evaluation["queries"] == len(queries)
-    assert evaluation["chosen"] == max(evaluation["candidates"], key=lambda c: evaluation["candidates"][c]["ndcg@5"])
+    assert evaluation["fitted"]["abtt [3]"]["directions"] == [3] and evaluation["queries"] == len(queries)
+    assert evaluation["fitted"]["abtt [3]"]["origin"] == ["artefact"]
+    # the best on the selection half; chosen only when its interval against raw clears min_gain (else raw)
+    assert evaluation["best"] == max(evaluation["selection"], key=lambda c: evaluation["selection"][c]["ndcg@5"])
+    assert evaluation["chosen"] in (evaluation["best"], "none") and evaluation["decision"]["candidate"] == evaluation["chosen"]
+    assert all("delta_vs_raw" in evaluation["intervals"][name] for name in names)
     assert 0 <= evaluation["candidates"]["none"]["recall@5"] <= 1
     assert report["power_law_range"][0] == 1
     markdown = (tmp_path / "out" / "report.md").read_text()
@@ -354,7 +360,7 @@ def test_per_direction_artefact_recommendation_evaluation_and_html(spark, tmp_pa
     assert page.sections == ["verdict", "numbers", "clusters", "plots"]          # the verdict comes first
     assert rec["method"] in "".join(page.texts[:40]) and any(rec["reasons"][0] in t for t in page.texts[:60])
     candidates = page.tables["candidates"]
-    assert candidates[0] == ["candidate", "ndcg@5", "recall@5"] and len(candidates) == 1 + 5
+    assert candidates[0] == ["candidate", "ndcg@5", "recall@5"] and len(candidates) == 1 + len(names)
     metrics = {row[0]: row for row in page.tables["metrics"][1:]}
     assert all(len(metrics[key]) == 3 and metrics[key][2] for key in job.SCALAR_METRICS if key in metrics)
     assert "anisotropy_A" in metrics and "power_law_alpha" in metrics
