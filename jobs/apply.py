@@ -52,13 +52,14 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from anisotropy_core.artifact import Artifact, load_artifact
-from anisotropy_spark.contract import REASON_COLUMN, Tally, foreign_dimension_from_worker, invalid_rows_from_worker
+from anisotropy_spark.contract import REASON_COLUMN, ForeignDimensionError, Tally, require_schema
 from anisotropy_spark.estimators import CorrectionModel, RowChecks
-from anisotropy_spark.io import (as_vector_array, count_invalid, is_delta_table, read_table, require_column,
+from anisotropy_spark.io import (as_vector_array, count_invalid, is_delta_table, read_table,
                                  settle_invalid, valid_rows)
 from anisotropy_spark.quarantine import Duplicates, find_duplicates
 from anisotropy_spark.session import get_spark
 from anisotropy_spark.table_files import pyarrow_or_spark, table_files
+from anisotropy_spark.worker_errors import worker_error
 from jobs.cli import run
 from jobs.config import InputSettings, VectorReader, parse_args
 
@@ -115,12 +116,14 @@ def checked_duplicates(df: DataFrame, config: ApplyConfig, dimension: int) -> Du
 
 
 def error_from_worker(exc: Exception, artifact: Artifact) -> Exception | None:
-    """The job's own error for one a Python worker raised inside ``exc``: :class:`ArtifactError` for vectors of
-    another dimension, :class:`InvalidRowsError` for an invalid row; None for any other error."""
-    length = foreign_dimension_from_worker(exc)
-    if length is not None:
-        return artifact.dimension_mismatch(length)
-    return invalid_rows_from_worker(exc)
+    """The job's own error for the typed error a Python worker raised inside ``exc``
+    (:func:`~anisotropy_spark.worker_errors.worker_error`): :class:`ArtifactError` for vectors of another
+    dimension, else the worker's error itself (an invalid row, a row the transform cannot map, a data file pyarrow
+    cannot read); None for any other error."""
+    found = worker_error(exc)
+    if isinstance(found, ForeignDimensionError):
+        return artifact.dimension_mismatch(found.length)
+    return found
 
 
 def publish(corrected: DataFrame, duplicates: Duplicates, config: ApplyConfig, stamp: dict,
@@ -156,6 +159,7 @@ def run_apply(spark: SparkSession, config: ApplyConfig, artifact: Artifact | Non
     """
     artifact = artifact or load_artifact(config.artifact)
     df, ref = read_table(spark, config.input, config.input_version)
+    require_schema(df.columns, config.named_columns())              # before any pass over the table
     stamp = {"job": JOB_NAME, "input_path": ref.path, "input_version": ref.version,
              "transform_version": artifact.transform_version}
     summary = {"input": dataclasses.asdict(ref), "output": config.output,
@@ -165,7 +169,6 @@ def run_apply(spark: SparkSession, config: ApplyConfig, artifact: Artifact | Non
         return {**summary, "status": "skipped", "output_version": previous[0],
                 "reason": "the latest output commit already holds this input version and transform version"}
     vector_col, id_col = config.vector_col, config.id_col
-    require_column(df, id_col, "id")
     files, planned = table_files(spark, df, ref.path, ref.format, vector_col, None, config.vector_reader)
     df = as_vector_array(df, vector_col)
     model = (CorrectionModel.from_artifact(artifact, vector_col, config.output_col or vector_col)
