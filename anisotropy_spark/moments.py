@@ -94,7 +94,8 @@ def checked_pass(df: DataFrame, vector_col: str, id_col: str | None, dimension: 
                                                       STATE_SCHEMA).rdd)
 
     if files is None:
-        return CheckedPass(*read_spark(), "spark")
+        state, tally, drawn, lengths = read_spark()
+        return CheckedPass(state, tally, drawn, "spark", lengths)
 
     def read_files(found: TableFiles):
         spark = df.sparkSession

@@ -90,8 +90,9 @@ def raised_in_workers(function: F) -> F:
 
 
 def worker_error(exc: BaseException) -> WorkerError | None:
-    """The :class:`WorkerError` a task raised inside ``exc`` (a Spark job's error, or its cause chain), rebuilt
-    as its own class; ``exc`` itself when it is one (raised on the driver); None when there is none."""
+    """The :class:`WorkerError` a task raised inside ``exc`` (a Spark job's error, or its chain of causes and
+    contexts, but not past a ``raise … from None``), rebuilt as its own class; ``exc`` itself when it is one (raised
+    on the driver); None when there is none."""
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, WorkerError):
@@ -99,7 +100,7 @@ def worker_error(exc: BaseException) -> WorkerError | None:
         found = decode(str(seen))
         if found is not None:
             return found
-        seen = seen.__cause__ or seen.__context__
+        seen = seen.__cause__ or (None if seen.__suppress_context__ else seen.__context__)
     return None
 
 

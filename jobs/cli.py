@@ -43,7 +43,7 @@ def classify(exc: BaseException) -> str | None:
     (:func:`~anisotropy_spark.worker_errors.worker_error`); Spark's missing-path errors by their error class."""
     if delta_conflict_name(exc) is not None:
         return "concurrent_publish"
-    exc = worker_error(exc) or exc
+    exc = typed(exc)
     for kind, status in CLASSES:
         if isinstance(exc, kind):
             return status
@@ -53,10 +53,18 @@ def classify(exc: BaseException) -> str | None:
     return None
 
 
+def typed(exc: BaseException) -> BaseException:
+    """``exc`` when it is of a class of :data:`CLASSES`, else the typed error a Python worker raised inside it
+    (:func:`~anisotropy_spark.worker_errors.worker_error`), else ``exc``."""
+    if isinstance(exc, tuple(kind for kind, _ in CLASSES)):
+        return exc
+    return worker_error(exc) or exc
+
+
 def describe(exc: BaseException) -> str:
     """One line: the error's type and its first message line (Spark's messages run to many lines); for a Spark
     error carrying a Python worker's typed error, that error's."""
-    exc = worker_error(exc) or exc
+    exc = typed(exc)
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
