@@ -455,7 +455,7 @@ class RowChecks(NamedTuple):
     """The input contract checked inside the transform pass (:func:`~anisotropy_spark.contract.check_batch`).
 
     ``id_col``: named in errors. ``tag_invalid`` False: the first invalid row raises
-    :class:`~anisotropy_spark.contract.InvalidRowsError` in the worker (``on_invalid: error``); True: invalid
+    :class:`~anisotropy_spark.contract.InvalidRowError` in the worker (``on_invalid: error``); True: invalid
     rows are kept with a null output vector and their reason in ``invalid_reason`` (for counting and filtering).
 
     Either way, a partition whose first Arrow batch holds vectors but not one of the transform's dimension is

@@ -26,6 +26,11 @@ checked first a mismatch is not expected, and it would be repaired by a second o
 * Input of another dimension: a partition whose first Arrow batch holds vectors but not one of the artifact's
   dimension fails the pass (nothing is committed) and the job raises :class:`ArtifactError` naming both
   dimensions; scattered rows of another length are invalid rows (``wrong_dimension:<length>``) like any other.
+* Rows the transform cannot map (an output beyond ``output_dtype``'s range after the cast): the write fails
+  (nothing is committed) and the job raises :class:`~anisotropy_spark.contract.TransformRowError` naming the row
+  (exit 5), under either ``on_invalid``.
+* The norm-outlier rule (``max_norm_ratio``) is not applied here: the artifact records no median length of the
+  table it was fitted on (the summary's ``norm_outlier_rule`` says so; the nightly job applies it).
 * Duplicate ids: one aggregate over the id column before the pass. Every copy of an id held by more than one
   otherwise-valid row is left out and quarantined (reason ``duplicate_id``), or, with ``on_invalid: error``,
   the job stops before writing, naming sample ids.
@@ -65,6 +70,8 @@ from jobs.config import InputSettings, VectorReader, parse_args
 
 VERSION_COLUMN = "transform_version"
 JOB_NAME = "anisotropy.apply"
+NORM_OUTLIER_NOTE = ("not applied: the artifact records no median length of its fitted input "
+                     "(the nightly job applies the rule; docs/errors.md)")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -192,7 +199,8 @@ def run_apply(spark: SparkSession, config: ApplyConfig, artifact: Artifact | Non
                        duplicates=duplicates, input_version=ref.version)
         by_reason = tally.merge(duplicates.tally).counts
     return {**summary, "status": "written", "output_version": version, "reader": reader,
-            "invalid_rows": sum(by_reason.values()), "invalid_by_reason": by_reason}
+            "invalid_rows": sum(by_reason.values()), "invalid_by_reason": by_reason,
+            "norm_outlier_rule": NORM_OUTLIER_NOTE}
 
 
 def main(argv: list[str] | None = None) -> int:

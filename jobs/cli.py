@@ -7,8 +7,8 @@ the same code through :func:`run`); ``anisotropy <job> --help`` lists its flags.
 
 Exit codes (:data:`EXIT`, README "Exit codes"): 0 success; 2 config or contract error (bad key, missing file
 or path, missing or mistyped column, unusable artifact); 3 quality gate rejected; 4 lost to a concurrent
-publish; 5 invalid input (invalid rows with ``on_invalid: error``, fewer than 2 valid rows, zero spread);
-1 anything else. A classified error prints one line naming the problem, no traceback (``--verbose``: also
+publish; 5 invalid input (invalid rows with ``on_invalid: error``, fewer than 2 valid rows, zero spread, a row
+the transform cannot map); 1 anything else (docs/errors.md). A classified error prints one line naming the problem, no traceback (``--verbose``: also
 the traceback); anything else propagates with its traceback.
 """
 from __future__ import annotations
