@@ -1,35 +1,70 @@
 """The input contract, checked batch by batch in numpy inside the pass that uses the rows.
 
 A row is invalid, for the first matching reason in this order: ``null_id`` (the id is null),
-``null_vector``, ``wrong_dimension:<length>``, ``non_finite`` (NaN, ±Inf or a null element) or ``zero_norm``.
-:func:`check_batch` splits one Arrow batch into the (B_valid, d) matrix of its valid rows and the per-row
-reasons; ``array<float>`` stays float32 (no JVM-side double copy, no batch-sized float64 copy: the consumer
+``null_vector``, ``wrong_dimension:<length>``, ``non_finite`` (NaN, ±Inf or a null element), ``norm_overflow``
+(finite elements whose squared length overflows float64, e.g. elements of 1e300: its covariance would be Inf),
+``zero_norm`` (a squared length of 0, also when it underflows) or ``norm_outlier`` (a length above the run's ``max_norm``: see :mod:`anisotropy_core.norms`).
+:func:`check_batch` splits one Arrow batch into the (B_valid, d) matrix of its valid rows, their lengths and the
+per-row reasons; ``array<float>`` stays float32 (no JVM-side double copy, no batch-sized float64 copy: the consumer
 casts, e.g. block by block).
 :class:`Tally` counts the reasons with up to five sample ids each; partitions' tallies merge like moments.
+
+Errors a worker raises about its rows (:class:`InvalidRowError`, :class:`ForeignDimensionError`) are
+:class:`~anisotropy_spark.worker_errors.WorkerError`: the driver receives them as their own class.
 """
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 
+from .worker_errors import WorkerError
+
 REASON_COLUMN = "invalid_reason"
 SAMPLE_IDS = 5
+NORM_OUTLIER = "norm_outlier"
 
 
 class InvalidRowsError(ValueError):
     """Input rows violate the contract and the job was configured with ``on_invalid: error``."""
 
 
-class ForeignDimensionError(ValueError):
-    """A batch of input rows holds vectors, but not one of the dimension the transform was fitted on."""
+class InvalidRowError(WorkerError, InvalidRowsError):
+    """The first invalid row a worker met under ``on_invalid: error``: its ``id_col`` value ``row_id``, the vector
+    ``column`` and the ``reason`` (as in :func:`check_batch`)."""
+
+    fields = ("id_col", "row_id", "column", "reason")
+
+    def message(self) -> str:
+        return (f"invalid input row: {self.reason} in column {self.column!r}, {self.id_col} [{self.row_id}]; "
+                "nothing was written. Fix the input or set on_invalid: quarantine.")
+
+
+class ForeignDimensionError(WorkerError, ValueError):
+    """A batch of input rows holds vectors, but not one of the dimension the transform was fitted on: their
+    ``length``, the transform's ``dimension``."""
+
+    fields = ("length", "dimension")
+
+    def message(self) -> str:
+        return f"input vectors have dimension {self.length}, not the transform's {self.dimension}"
 
 
 class SchemaError(ValueError):
     """The table does not have a column the job needs, or the column has the wrong type."""
+
+
+class TransformRowError(WorkerError, ValueError):
+    """The transform cannot map one row (e.g. its output overflows the output dtype): the vector ``column``, the
+    row's other values ``row`` (e.g. ``{"id": 7}``; None when the row is unknown) and the ``reason``."""
+
+    fields = ("column", "row", "reason")
+
+    def message(self) -> str:
+        where = f"column {self.column!r}" + (f", row {self.row}" if self.row is not None else "")
+        return f"{self.reason} [{where}]"
 
 
 def require_columns(columns: list[str], needed: list[str], role: str) -> None:
@@ -41,18 +76,26 @@ def require_columns(columns: list[str], needed: list[str], role: str) -> None:
         raise SchemaError(f"{role} {named} not found; columns are {list(columns)}")
 
 
+def require_schema(columns: list[str], named: dict[str, list[str]]) -> None:
+    """:func:`require_columns` for every role of ``named`` ({role: columns}) in turn: the first role with a
+    missing column raises, naming them all."""
+    for role, needed in named.items():
+        require_columns(columns, needed, role)
+
+
 @dataclass
 class CheckedBatch:
     """One batch split by the contract: ``matrix`` (B_valid, d) of the valid rows in batch order, in the
-    column's element type (float32 for ``array<float>``, else float64),
-    ``valid`` (B,) bool mask, ``reasons`` (B,) object array (None where valid) or None when all rows are valid,
-    ``foreign_length``: the length of the batch's first non-null vector when the batch holds non-null vectors but not
-    one of the expected dimension (rows of another embedding model), else None."""
+    column's element type (float32 for ``array<float>``, else float64), ``lengths`` (B_valid,) float64 their
+    Euclidean lengths, ``valid`` (B,) bool mask, ``reasons`` (B,) object array (None where valid) or None when all
+    rows are valid, ``foreign_length``: the length of the batch's first non-null vector when the batch holds
+    non-null vectors but not one of the expected dimension (rows of another embedding model), else None."""
 
     matrix: np.ndarray
     valid: np.ndarray
     reasons: np.ndarray | None
     foreign_length: int | None = None
+    lengths: np.ndarray | None = None
 
 
 def vector_column(batch: pa.RecordBatch, vector_col: str) -> pa.Array:
@@ -61,8 +104,24 @@ def vector_column(batch: pa.RecordBatch, vector_col: str) -> pa.Array:
     return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
 
-def check_batch(batch: pa.RecordBatch, vector_col: str, id_col: str | None, dimension: int) -> CheckedBatch:
-    """Apply the contract to ``batch`` (``vector_col`` list<float|double>); ``id_col`` None skips ``null_id``."""
+def squared_lengths(matrix: np.ndarray) -> np.ndarray:
+    """(B,) float64 squared lengths of the rows of ``matrix`` (B, d), float32 or float64, without a (B, d) float64
+    copy. float32 rows are summed in float32 (a third of the time of a float64 sum); the rows whose float32 sum
+    overflowed (lengths above ≈ 1.8e19), underflowed to 0 or is NaN are summed again in float64."""
+    if matrix.dtype == np.float64:
+        return np.einsum("ij,ij->i", matrix, matrix)
+    squared = np.einsum("ij,ij->i", matrix, matrix).astype(np.float64)
+    redo = ~(np.isfinite(squared) & (squared > 0))
+    if redo.any():
+        rows = matrix[redo].astype(np.float64)
+        squared[redo] = np.einsum("ij,ij->i", rows, rows)
+    return squared
+
+
+def check_batch(batch: pa.RecordBatch, vector_col: str, id_col: str | None, dimension: int,
+                max_norm: float | None = None) -> CheckedBatch:
+    """Apply the contract to ``batch`` (``vector_col`` list<float|double>); ``id_col`` None skips ``null_id``,
+    ``max_norm`` None skips ``norm_outlier`` (rows longer than it are invalid)."""
     column = vector_column(batch, vector_col)
     rows = len(column)
     offsets = np.asarray(column.offsets)
@@ -75,30 +134,36 @@ def check_batch(batch: pa.RecordBatch, vector_col: str, id_col: str | None, dime
         matrix = values[start:start + rows * dimension].reshape(rows, dimension)
     else:
         matrix = values[offsets[:-1][shaped][:, None] + np.arange(dimension)]
+    with np.errstate(over="ignore", invalid="ignore"):          # NaN, Inf and overflow are reported as reasons
+        squared = squared_lengths(matrix)
     finite = np.isfinite(matrix).all(axis=1)
-    nonzero = (matrix != 0).any(axis=1)
+    overflow = finite & ~np.isfinite(squared)
+    nonzero = squared > 0
+    outlier = squared > float(max_norm) ** 2 if max_norm is not None else np.zeros(len(squared), bool)
     null_id = np.zeros(rows, bool)
     if id_col is not None:
         ids = batch.column(batch.schema.get_field_index(id_col))
         if ids.null_count:
             null_id = ids.is_null().to_numpy(zero_copy_only=False)
-    kept = finite & nonzero & ~null_id[shaped]           # over the rows of ``matrix``
+    kept = finite & ~overflow & nonzero & ~outlier & ~null_id[shaped]           # over the rows of ``matrix``
     valid = shaped.copy()
     valid[shaped] = kept
     if valid.all():
-        return CheckedBatch(matrix, valid, None)
+        return CheckedBatch(matrix, valid, None, lengths=np.sqrt(squared))
     foreign = None
     if not shaped.any() and not null_vector.all():
         foreign = int(lengths[np.argmin(null_vector)])
     reasons = np.full(rows, None, dtype=object)
     shaped_rows = np.flatnonzero(shaped)
+    reasons[shaped_rows[outlier]] = NORM_OUTLIER
     reasons[shaped_rows[~nonzero]] = "zero_norm"
+    reasons[shaped_rows[overflow]] = "norm_overflow"
     reasons[shaped_rows[~finite]] = "non_finite"
     for row in np.flatnonzero(~shaped & ~null_vector):
         reasons[row] = f"wrong_dimension:{lengths[row]}"
     reasons[null_vector] = "null_vector"
     reasons[null_id] = "null_id"
-    return CheckedBatch(matrix[kept], valid, reasons, foreign)
+    return CheckedBatch(matrix[kept], valid, reasons, foreign, np.sqrt(squared[kept]))
 
 
 @dataclass
@@ -140,30 +205,8 @@ class Tally:
         return cls(**json.loads(text))
 
 
-def first_invalid_error(checked: CheckedBatch, batch: pa.RecordBatch, vector_col: str, id_col: str) -> InvalidRowsError:
+def first_invalid_error(checked: CheckedBatch, batch: pa.RecordBatch, vector_col: str, id_col: str) -> InvalidRowError:
     """The error raised in a worker for the first invalid row of ``batch`` (``on_invalid: error``)."""
     row = int(np.argmin(checked.valid))
     row_id = batch.column(batch.schema.get_field_index(id_col))[row].as_py()
-    return InvalidRowsError(f"invalid input row: {checked.reasons[row]} in column {vector_col!r}, "
-                            f"{id_col} [{row_id}]; nothing was written. Fix the input or set on_invalid: quarantine.")
-
-
-_WORKER_ERROR = re.compile(r"InvalidRowsError: (.*)")
-_FOREIGN_DIMENSION = re.compile(r"ForeignDimensionError: input vectors have dimension (\d+)")
-
-
-def invalid_rows_from_worker(exc: Exception) -> InvalidRowsError | None:
-    """The :class:`InvalidRowsError` a Python worker raised inside ``exc`` (a captured Spark error), or None."""
-    found = _WORKER_ERROR.search(str(exc))
-    return InvalidRowsError(found.group(1).strip()) if found else None
-
-
-def foreign_dimension_error(length: int, dimension: int) -> ForeignDimensionError:
-    """The error a worker raises for a batch whose vectors have ``length`` elements, not ``dimension``."""
-    return ForeignDimensionError(f"input vectors have dimension {length}, not the transform's {dimension}")
-
-
-def foreign_dimension_from_worker(exc: Exception) -> int | None:
-    """The vector length of the :class:`ForeignDimensionError` a Python worker raised inside ``exc``, or None."""
-    found = _FOREIGN_DIMENSION.search(str(exc))
-    return int(found.group(1)) if found else None
+    return InvalidRowError(id_col=id_col, row_id=row_id, column=vector_col, reason=checked.reasons[row])

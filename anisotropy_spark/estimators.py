@@ -46,13 +46,14 @@ from anisotropy_core.transforms import (DEFAULT_EPS, FitData, FittedTransform, f
                                         fit_center, fit_whitening)
 
 from .arrow import batch_matrix, matrix_column
-from .contract import REASON_COLUMN, check_batch, first_invalid_error, foreign_dimension_error
+from .contract import REASON_COLUMN, ForeignDimensionError, TransformRowError, check_batch, first_invalid_error
 from .diagnostics import sample_rows
 from .io import TableRef, as_vector_array, infer_dimension
 from .moments import arrow_batch_rows, corpus_moments
 from .params import (OUTPUT_DTYPES, HasOutputDtype, _AbttPcaAbttParams, _AllButTheTopParams, _CorrectionParams,
                      _FlowParams, _WhiteningParams, param_name)
 from .table_files import TableFiles
+from .worker_errors import raised_in_workers
 
 _MODEL_CLASSES: dict[str, type["CorrectionModel"]] = {}
 _ESTIMATOR_CLASSES: dict[str, type["CorrectionEstimator"]] = {}
@@ -455,7 +456,7 @@ class RowChecks(NamedTuple):
     """The input contract checked inside the transform pass (:func:`~anisotropy_spark.contract.check_batch`).
 
     ``id_col``: named in errors. ``tag_invalid`` False: the first invalid row raises
-    :class:`~anisotropy_spark.contract.InvalidRowsError` in the worker (``on_invalid: error``); True: invalid
+    :class:`~anisotropy_spark.contract.InvalidRowError` in the worker (``on_invalid: error``); True: invalid
     rows are kept with a null output vector and their reason in ``invalid_reason`` (for counting and filtering).
 
     Either way, a partition whose first Arrow batch holds vectors but not one of the transform's dimension is
@@ -486,14 +487,17 @@ def apply_batches(transform: FittedTransform, vector_col: str, output_col: str, 
     :func:`~anisotropy_core.transforms.map_blocks`), then the ``extra_cols`` (each a length-B Arrow array),
     replacing input columns of the same names; with ``checks``, see :class:`RowChecks`.
 
-    ``outputs``: :data:`BatchOutputs`; default ``transform.apply`` and no extra columns. Errors name the batch
-    row and, when the batch has other columns, that row's values (e.g. its id).
+    ``outputs``: :data:`BatchOutputs`; default ``transform.apply`` and no extra columns. A row the transform
+    cannot map (e.g. finite in float64, infinite after the cast to float32) raises
+    :class:`~anisotropy_spark.contract.TransformRowError` naming the column and the row's other values (e.g. its
+    id); the driver receives it as that class (:mod:`.worker_errors`), like the contract's errors.
     """
     d = transform.d_in
     extra_cols = list(extra_cols)
     compute = outputs if outputs is not None else (lambda x, dtype: (transform.apply(x, dtype), []))
     written = [output_col] + extra_cols + ([REASON_COLUMN] if checks and checks.tag_invalid else [])
 
+    @raised_in_workers
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for number, batch in enumerate(batches):
             valid, reasons = None, []
@@ -502,7 +506,7 @@ def apply_batches(transform: FittedTransform, vector_col: str, output_col: str, 
             else:
                 checked = check_batch(batch, vector_col, checks.id_col, d)
                 if number == 0 and checked.foreign_length is not None:
-                    raise foreign_dimension_error(checked.foreign_length, d)
+                    raise ForeignDimensionError(length=checked.foreign_length, dimension=d)
                 if checked.reasons is not None:
                     if not checks.tag_invalid:
                         raise first_invalid_error(checked, batch, vector_col, checks.id_col)
@@ -517,7 +521,8 @@ def apply_batches(transform: FittedTransform, vector_col: str, output_col: str, 
                 row = getattr(exc, "row", None)
                 if row is not None and valid is not None:
                     row = int(np.flatnonzero(valid)[row])
-                raise ValueError(f"{exc} [{row_context(batch, row, vector_col)}]") from exc
+                raise TransformRowError(column=vector_col, row=row_values(batch, row, vector_col),
+                                        reason=str(exc)) from exc
             if len(extra) != len(extra_cols):
                 raise ValueError(f"batch function returned {len(extra)} extra columns, expected {extra_cols}")
             names = [n for n in batch.schema.names if n not in written]
@@ -538,13 +543,11 @@ def spread(values: pa.Array, valid: np.ndarray | None) -> pa.Array:
     return values.take(pa.array(index, mask=~valid))
 
 
-def row_context(batch: pa.RecordBatch, row: int | None, vector_col: str) -> str:
-    """Error context for batch row ``row``: the vector column's name and the row's other values (e.g. its
-    id); the column name alone when the row is unknown (``None``)."""
+def row_values(batch: pa.RecordBatch, row: int | None, vector_col: str) -> dict | None:
+    """The values of batch row ``row`` but its vector (e.g. its id), JSON-ready; None when the row is unknown."""
     if row is None:
-        return f"column {vector_col!r}"
-    other = {n: batch.column(i)[row].as_py() for i, n in enumerate(batch.schema.names) if n != vector_col}
-    return f"column {vector_col!r}, row {other}"
+        return None
+    return {n: batch.column(i)[row].as_py() for i, n in enumerate(batch.schema.names) if n != vector_col}
 
 
 CorrectionEstimator.model_class = CorrectionModel

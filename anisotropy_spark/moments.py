@@ -4,8 +4,9 @@ retry; the driver's share bounded in n).
 
 The same pass checks the input contract (:func:`~anisotropy_spark.contract.check_batch`): invalid rows are
 left out of the moments and counted in a :class:`~anisotropy_spark.contract.Tally`, so a job that reads
-every vector for its moments validates them without a pass of its own. It can also draw the random sample of valid
-rows that diagnose needs (:mod:`.row_sample`), so diagnose reads the vectors once. ``array<float>`` vectors reach the
+every vector for its moments validates them without a pass of its own. The same pass sketches the valid rows'
+lengths (:class:`~anisotropy_core.norms.LengthSketch`), the median of the norm-outlier rule. It can also draw the
+random sample of valid rows that diagnose needs (:mod:`.row_sample`), so diagnose reads the vectors once. ``array<float>`` vectors reach the
 workers as float32 and are cast to float64 one batch at a time.
 
 The batches come from Spark's scan (``mapInArrow``) or, given the table's data files, from pyarrow reading each file
@@ -13,6 +14,7 @@ in a Spark task of its own (:mod:`.table_files`: no row → Arrow conversion on 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterator
 
 import pyarrow as pa
@@ -20,33 +22,36 @@ from pyspark import RDD, TaskContext
 from pyspark.sql import DataFrame, SparkSession
 
 from anisotropy_core.moments import Moments
+from anisotropy_core.norms import LengthSketch
 
 from .contract import InvalidRowsError, Tally, check_batch
 from .row_sample import PartitionSampler, RowSample, rows_of_payloads
 from .table_files import TableFiles, pyarrow_or_spark
 from .tree_reduce import tree_reduce
 
-STATE_SCHEMA = "n long, payload binary, tally string, partition int, sample binary"
+STATE_SCHEMA = "n long, payload binary, tally string, partition int, sample binary, lengths binary"
 _ARROW_STATE_SCHEMA = pa.schema([("n", pa.int64()), ("payload", pa.binary()), ("tally", pa.string()),
-                                 ("partition", pa.int32()), ("sample", pa.binary())])
+                                 ("partition", pa.int32()), ("sample", pa.binary()), ("lengths", pa.binary())])
 
 
 def fold_partition(batches: Iterator[pa.RecordBatch], vector_col: str, id_col: str | None, dimension: int,
                    sample: RowSample | None = None) -> dict:
     """One partition's Arrow batches → one state row (:data:`STATE_SCHEMA`): its valid rows' Moments, the Tally of
-    its invalid rows (``id_col`` None: no ``null_id`` check and no sample ids) and, with ``sample``, the valid rows it
-    drew (:class:`~.row_sample.PartitionSampler`), with its partition index."""
+    its invalid rows (``id_col`` None: no ``null_id`` check and no sample ids), the LengthSketch of its valid rows
+    and, with ``sample``, the valid rows it drew (:class:`~.row_sample.PartitionSampler`), with its partition index."""
     state, tally, partition = Moments.empty(dimension), Tally(), TaskContext.get().partitionId()
+    lengths = LengthSketch.empty()
     sampler = PartitionSampler(sample, vector_col, partition) if sample else None
     for batch in batches:
         if batch.num_rows:
             checked = check_batch(batch, vector_col, id_col, dimension)
             tally.add(checked, batch.column(batch.schema.get_field_index(id_col)) if id_col else None)
             state = state.merge(Moments.of_batch(checked.matrix))
+            lengths = lengths.merge(LengthSketch.of(checked.lengths))
             if sampler:
                 sampler.add(batch, checked.valid)
     return {"n": state.n, "payload": state.to_bytes(), "tally": tally.to_json(), "partition": partition,
-            "sample": sampler.payload() if sampler else None}
+            "sample": sampler.payload() if sampler else None, "lengths": lengths.to_bytes()}
 
 
 def partition_moments(vector_col: str, id_col: str | None, dimension: int, sample: RowSample | None = None):
@@ -59,12 +64,22 @@ def partition_moments(vector_col: str, id_col: str | None, dimension: int, sampl
     return fold
 
 
-def checked_moments(df: DataFrame, vector_col: str, id_col: str | None, dimension: int,
-                    sample: RowSample | None = None,
-                    files: TableFiles | None = None) -> tuple[Moments, Tally, pa.Table | None, str]:
-    """One pass over ``df`` (vectors ``array<float|double>``) → (Moments of the valid rows, Tally of the rest, the
-    valid rows drawn for ``sample`` — its vector and ``columns`` — or None without ``sample`` or when none was
-    drawn, the reader that ran).
+@dataclass(frozen=True)
+class CheckedPass:
+    """What one checked moments pass gathered: the valid rows' ``moments``, the ``tally`` of the others, the
+    ``drawn`` sample rows (or None), the ``reader`` that ran and the ``lengths`` sketch of the valid rows."""
+
+    moments: Moments
+    tally: Tally
+    drawn: pa.Table | None
+    reader: str
+    lengths: LengthSketch
+
+
+def checked_pass(df: DataFrame, vector_col: str, id_col: str | None, dimension: int,
+                 sample: RowSample | None = None, files: TableFiles | None = None) -> CheckedPass:
+    """One pass over ``df`` (vectors ``array<float|double>``) → :class:`CheckedPass`; the drawn rows are the
+    valid rows drawn for ``sample`` — its vector and ``columns`` — or None without ``sample`` or when none was drawn.
 
     ``files``: ``df``'s data files (:func:`~.table_files.table_files`): pyarrow reads them in one task per row
     group where it can (:func:`~.table_files.pyarrow_or_spark`; reader ``"pyarrow"``), else Spark's scan reads ``df``
@@ -79,7 +94,8 @@ def checked_moments(df: DataFrame, vector_col: str, id_col: str | None, dimensio
                                                       STATE_SCHEMA).rdd)
 
     if files is None:
-        return (*read_spark(), "spark")
+        state, tally, drawn, lengths = read_spark()
+        return CheckedPass(state, tally, drawn, "spark", lengths)
 
     def read_files(found: TableFiles):
         spark = df.sparkSession
@@ -87,9 +103,17 @@ def checked_moments(df: DataFrame, vector_col: str, id_col: str | None, dimensio
         return _merged(found.fold(spark, columns, rows,
                                   lambda batches: fold_partition(batches, vector_col, id_col, dimension, sample)))
 
-    (state, tally, drawn), reader = pyarrow_or_spark(files, columns, read_files, read_spark,
-                                                     lambda result: result[0].n + result[1].total)
-    return state, tally, drawn, reader
+    (state, tally, drawn, lengths), reader = pyarrow_or_spark(files, columns, read_files, read_spark,
+                                                              lambda result: result[0].n + result[1].total)
+    return CheckedPass(state, tally, drawn, reader, lengths)
+
+
+def checked_moments(df: DataFrame, vector_col: str, id_col: str | None, dimension: int,
+                    sample: RowSample | None = None,
+                    files: TableFiles | None = None) -> tuple[Moments, Tally, pa.Table | None, str]:
+    """(moments, tally, drawn, reader) of :func:`checked_pass`."""
+    found = checked_pass(df, vector_col, id_col, dimension, sample, files)
+    return found.moments, found.tally, found.drawn, found.reader
 
 
 def arrow_batch_rows(spark: SparkSession, dimension: int, item_bytes: int) -> int:
@@ -101,14 +125,15 @@ def arrow_batch_rows(spark: SparkSession, dimension: int, item_bytes: int) -> in
     return min(records, by_bytes) if records > 0 else by_bytes
 
 
-def _merged(states: RDD) -> tuple[Moments, Tally, pa.Table | None]:
+def _merged(states: RDD) -> tuple[Moments, Tally, pa.Table | None, LengthSketch]:
     """The state rows of :func:`fold_partition` (Rows or dicts) merged by ``treeReduce`` → (Moments, Tally, the
-    drawn rows in partition order or None)."""
-    state, tally, drawn = tree_reduce(
+    drawn rows in partition order or None, LengthSketch)."""
+    state, tally, drawn, lengths = tree_reduce(
         states.map(lambda row: (Moments.from_bytes(bytes(row["payload"])), Tally.from_json(row["tally"]),
-                                [(row["partition"], bytes(row["sample"]))] if row["sample"] is not None else [])),
-        lambda a, b: (a[0].merge(b[0]), a[1].merge(b[1]), a[2] + b[2]))
-    return state, tally, rows_of_payloads([payload for _, payload in sorted(drawn)])
+                                [(row["partition"], bytes(row["sample"]))] if row["sample"] is not None else [],
+                                LengthSketch.from_bytes(bytes(row["lengths"])))),
+        lambda a, b: (a[0].merge(b[0]), a[1].merge(b[1]), a[2] + b[2], a[3].merge(b[3])))
+    return state, tally, rows_of_payloads([payload for _, payload in sorted(drawn)]), lengths
 
 
 def corpus_moments(df: DataFrame, vector_col: str, dimension: int) -> Moments:

@@ -41,11 +41,14 @@ Delta's default of 50 (``spark.databricks.delta.snapshotPartitions``): on one ma
 query of a table cost more than they parallelise.
 
 Spark logs at WARN (no query-plan dumps), and Spark's console progress bar for long stages is
-on only when stderr is a terminal.
+on only when stderr is a terminal. py4j's Python logger is held at WARN too (:func:`quiet_py4j`): at INFO its
+``Closing down clientserver connection`` line, logged when the interpreter exits, would follow a job's error on
+stderr, whose last line must name the problem.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pathlib
 import re
@@ -88,6 +91,7 @@ def get_spark(app_name: str = "anisotropy", master: str | None = None,
     spark-submit (its ``--master`` decides) and when a session is already active. ``extra_conf``:
     additional Spark settings for a new session.
     """
+    quiet_py4j()
     active = SparkSession.getActiveSession()
     if active is not None:
         active.sparkContext.setLogLevel(LOG_LEVEL)
@@ -118,6 +122,11 @@ def get_spark(app_name: str = "anisotropy", master: str | None = None,
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(LOG_LEVEL)
     return spark
+
+
+def quiet_py4j() -> None:
+    """Log py4j's records at WARN and above only (its INFO lines are connection bookkeeping)."""
+    logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 def embedded_java_options(extra_conf: dict[str, str] | None) -> dict[str, str]:

@@ -32,7 +32,6 @@ instead of falling back), and the caller records which reader ran and why.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from typing import Callable, Iterator, TypeVar
 
@@ -46,6 +45,8 @@ from pyspark.sql.types import ArrayType, FloatType, StructType
 
 from anisotropy_core import storage
 
+from .worker_errors import WorkerError, raised_in_workers, worker_error
+
 log = logging.getLogger("anisotropy.table_files")
 
 READERS = ("auto", "spark", "pyarrow")
@@ -54,8 +55,18 @@ UNREADABLE_FEATURES = ("deletionVectors", "columnMapping")   # Delta features wh
 T = TypeVar("T")
 
 
-class FileLayoutError(RuntimeError):
-    """pyarrow cannot read a data file as the table's columns (raised in a task; the pass falls back to Spark)."""
+class FileLayoutError(WorkerError, RuntimeError):
+    """pyarrow cannot read a data file as the table's columns, and why (``reason``). Raised in a task (a
+    :class:`~.worker_errors.WorkerError`: the driver gets the class back) or on the driver; the pass falls back to
+    Spark's scan."""
+
+    fields = ("reason",)
+
+    def __init__(self, reason: str):
+        super().__init__(reason=reason)
+
+    def message(self) -> str:
+        return self.reason
 
 
 @dataclass(frozen=True)
@@ -95,17 +106,19 @@ class TableFiles:
         most one task per core); :class:`FileLayoutError` in a task for a file pyarrow cannot open, and on the
         driver when the footers' row counts do not add up to the version's ``rows``."""
 
-        def groups_of(uri: str) -> list[tuple[str, int, int]]:
-            try:
-                filesystem, path = filesystem_of(uri)
-                with pq.ParquetFile(path, filesystem=filesystem) as parquet:
-                    return [(uri, group, parquet.metadata.row_group(group).num_rows)
-                            for group in range(parquet.num_row_groups)]
-            except (OSError, pa.ArrowException) as exc:
-                raise FileLayoutError(f"pyarrow could not read the footer of {uri}: {exc}") from exc
+        @raised_in_workers
+        def groups_of(uris: Iterator[str]) -> Iterator[tuple[str, int, int]]:
+            for uri in uris:
+                try:
+                    filesystem, path = filesystem_of(uri)
+                    with pq.ParquetFile(path, filesystem=filesystem) as parquet:
+                        counts = [parquet.metadata.row_group(group).num_rows for group in range(parquet.num_row_groups)]
+                except (OSError, pa.ArrowException) as exc:
+                    raise FileLayoutError(f"pyarrow could not read the footer of {uri}: {exc}") from exc
+                yield from ((uri, group, rows) for group, rows in enumerate(counts))
 
         slices = max(1, min(len(self.uris), spark.sparkContext.defaultParallelism))
-        groups = spark.sparkContext.parallelize(self.uris, slices).flatMap(groups_of).collect()
+        groups = spark.sparkContext.parallelize(self.uris, slices).mapPartitions(groups_of).collect()
         held = sum(rows for _, _, rows in groups)
         if held != self.rows:
             raise FileLayoutError(held_rows_message(held, self.rows))
@@ -119,6 +132,7 @@ class TableFiles:
         schema = self.arrow_schema(columns)
         units = self.row_groups(spark)
 
+        @raised_in_workers
         def task(entries: Iterator[tuple[str, int]]) -> Iterator[T]:
             yield fold_batches(batch for uri, group in entries
                                for batch in file_batches(uri, group, schema, batch_rows))
@@ -135,6 +149,7 @@ class TableFiles:
         arrow = self.arrow_schema(self.schema.names)
         units = self.row_groups(spark)
 
+        @raised_in_workers
         def task(indices: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             for index in (i for batch in indices for i in batch.column(0).to_pylist()):
                 uri, group = units[index]
@@ -220,15 +235,6 @@ def file_batches(uri: str, row_group: int, schema: pa.Schema, batch_rows: int) -
         raise FileLayoutError(f"pyarrow could not read {uri} as the table's columns: {exc}") from exc
 
 
-_WORKER_LAYOUT_ERROR = re.compile(r"FileLayoutError: (.*)")
-
-
-def layout_error_from_worker(exc: Exception) -> str | None:
-    """The message of the :class:`FileLayoutError` a Python task raised inside ``exc`` (a Spark error), or None."""
-    found = _WORKER_LAYOUT_ERROR.search(str(exc))
-    return found.group(1).strip() if found else None
-
-
 def pyarrow_or_spark(files: TableFiles, columns: list[str], read_files: Callable[[TableFiles], T],
                      read_spark: Callable[[], T], rows_of: Callable[[T], int]) -> tuple[T, str]:
     """(``read_files(files)``, ``"pyarrow"``) when ``files`` can serve ``columns`` and the pass read
@@ -242,12 +248,11 @@ def pyarrow_or_spark(files: TableFiles, columns: list[str], read_files: Callable
             if read == files.rows:
                 return result, "pyarrow"
             why_not = held_rows_message(read, files.rows)
-        except FileLayoutError as exc:     # raised on the driver (the footers' row counts)
-            why_not = str(exc)
-        except Exception as exc:          # a Spark job error wrapping the task's FileLayoutError
-            why_not = layout_error_from_worker(exc)
-            if why_not is None:
+        except Exception as exc:          # on the driver (the footers' row counts) or a task's, wrapped by Spark
+            found = worker_error(exc)
+            if not isinstance(found, FileLayoutError):
                 raise
+            why_not = found.reason
     if files.required:
         raise FileLayoutError(f"vector_reader: pyarrow: {why_not}")
     log.warning("the pass reads through Spark's scan instead of pyarrow: %s", why_not)

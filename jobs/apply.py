@@ -26,6 +26,11 @@ checked first a mismatch is not expected, and it would be repaired by a second o
 * Input of another dimension: a partition whose first Arrow batch holds vectors but not one of the artifact's
   dimension fails the pass (nothing is committed) and the job raises :class:`ArtifactError` naming both
   dimensions; scattered rows of another length are invalid rows (``wrong_dimension:<length>``) like any other.
+* Rows the transform cannot map (an output beyond ``output_dtype``'s range after the cast): the write fails
+  (nothing is committed) and the job raises :class:`~anisotropy_spark.contract.TransformRowError` naming the row
+  (exit 5), under either ``on_invalid``.
+* The norm-outlier rule (``max_norm_ratio``) is not applied here: the artifact records no median length of the
+  table it was fitted on (the summary's ``norm_outlier_rule`` says so; the nightly job applies it).
 * Duplicate ids: one aggregate over the id column before the pass. Every copy of an id held by more than one
   otherwise-valid row is left out and quarantined (reason ``duplicate_id``), or, with ``on_invalid: error``,
   the job stops before writing, naming sample ids.
@@ -52,18 +57,21 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from anisotropy_core.artifact import Artifact, load_artifact
-from anisotropy_spark.contract import REASON_COLUMN, Tally, foreign_dimension_from_worker, invalid_rows_from_worker
+from anisotropy_spark.contract import REASON_COLUMN, ForeignDimensionError, Tally, require_schema
 from anisotropy_spark.estimators import CorrectionModel, RowChecks
-from anisotropy_spark.io import (as_vector_array, count_invalid, is_delta_table, read_table, require_column,
+from anisotropy_spark.io import (as_vector_array, count_invalid, is_delta_table, read_table,
                                  settle_invalid, valid_rows)
 from anisotropy_spark.quarantine import Duplicates, find_duplicates
 from anisotropy_spark.session import get_spark
 from anisotropy_spark.table_files import pyarrow_or_spark, table_files
+from anisotropy_spark.worker_errors import worker_error
 from jobs.cli import run
 from jobs.config import InputSettings, VectorReader, parse_args
 
 VERSION_COLUMN = "transform_version"
 JOB_NAME = "anisotropy.apply"
+NORM_OUTLIER_NOTE = ("not applied: the artifact records no median length of its fitted input "
+                     "(the nightly job applies the rule; docs/errors.md)")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -115,12 +123,14 @@ def checked_duplicates(df: DataFrame, config: ApplyConfig, dimension: int) -> Du
 
 
 def error_from_worker(exc: Exception, artifact: Artifact) -> Exception | None:
-    """The job's own error for one a Python worker raised inside ``exc``: :class:`ArtifactError` for vectors of
-    another dimension, :class:`InvalidRowsError` for an invalid row; None for any other error."""
-    length = foreign_dimension_from_worker(exc)
-    if length is not None:
-        return artifact.dimension_mismatch(length)
-    return invalid_rows_from_worker(exc)
+    """The job's own error for the typed error a Python worker raised inside ``exc``
+    (:func:`~anisotropy_spark.worker_errors.worker_error`): :class:`ArtifactError` for vectors of another
+    dimension, else the worker's error itself (an invalid row, a row the transform cannot map, a data file pyarrow
+    cannot read); None for any other error."""
+    found = worker_error(exc)
+    if isinstance(found, ForeignDimensionError):
+        return artifact.dimension_mismatch(found.length)
+    return found
 
 
 def publish(corrected: DataFrame, duplicates: Duplicates, config: ApplyConfig, stamp: dict,
@@ -156,6 +166,7 @@ def run_apply(spark: SparkSession, config: ApplyConfig, artifact: Artifact | Non
     """
     artifact = artifact or load_artifact(config.artifact)
     df, ref = read_table(spark, config.input, config.input_version)
+    require_schema(df.columns, config.named_columns())              # before any pass over the table
     stamp = {"job": JOB_NAME, "input_path": ref.path, "input_version": ref.version,
              "transform_version": artifact.transform_version}
     summary = {"input": dataclasses.asdict(ref), "output": config.output,
@@ -165,7 +176,6 @@ def run_apply(spark: SparkSession, config: ApplyConfig, artifact: Artifact | Non
         return {**summary, "status": "skipped", "output_version": previous[0],
                 "reason": "the latest output commit already holds this input version and transform version"}
     vector_col, id_col = config.vector_col, config.id_col
-    require_column(df, id_col, "id")
     files, planned = table_files(spark, df, ref.path, ref.format, vector_col, None, config.vector_reader)
     df = as_vector_array(df, vector_col)
     model = (CorrectionModel.from_artifact(artifact, vector_col, config.output_col or vector_col)
@@ -189,7 +199,8 @@ def run_apply(spark: SparkSession, config: ApplyConfig, artifact: Artifact | Non
                        duplicates=duplicates, input_version=ref.version)
         by_reason = tally.merge(duplicates.tally).counts
     return {**summary, "status": "written", "output_version": version, "reader": reader,
-            "invalid_rows": sum(by_reason.values()), "invalid_by_reason": by_reason}
+            "invalid_rows": sum(by_reason.values()), "invalid_by_reason": by_reason,
+            "norm_outlier_rule": NORM_OUTLIER_NOTE}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,8 +7,8 @@ the same code through :func:`run`); ``anisotropy <job> --help`` lists its flags.
 
 Exit codes (:data:`EXIT`, README "Exit codes"): 0 success; 2 config or contract error (bad key, missing file
 or path, missing or mistyped column, unusable artifact); 3 quality gate rejected; 4 lost to a concurrent
-publish; 5 invalid input (invalid rows with ``on_invalid: error``, fewer than 2 valid rows, zero spread);
-1 anything else. A classified error prints one line naming the problem, no traceback (``--verbose``: also
+publish; 5 invalid input (invalid rows with ``on_invalid: error``, fewer than 2 valid rows, zero spread, a row
+the transform cannot map); 1 anything else (docs/errors.md). A classified error prints one line naming the problem, no traceback (``--verbose``: also
 the traceback); anything else propagates with its traceback.
 """
 from __future__ import annotations
@@ -21,8 +21,9 @@ from typing import Callable
 
 from anisotropy_core.artifact import ArtifactError
 from anisotropy_core.moments import InvalidVectorsError
-from anisotropy_spark.contract import InvalidRowsError, SchemaError
+from anisotropy_spark.contract import InvalidRowsError, SchemaError, TransformRowError
 from anisotropy_spark.publish import delta_conflict_name
+from anisotropy_spark.worker_errors import worker_error
 from jobs.config import ConfigError
 from jobs.gate import GateError
 
@@ -31,15 +32,18 @@ EXIT = {"published": 0, "noop": 0, "kept": 0, "rolled_back": 0, "config_error": 
         "concurrent_publish": 4, "invalid_input": 5, "failed": 1}
 CLASSES = ((ConfigError, "config_error"), (SchemaError, "config_error"), (ArtifactError, "config_error"),
            (FileNotFoundError, "config_error"), (GateError, "gate_rejected"),
-           (InvalidRowsError, "invalid_input"), (InvalidVectorsError, "invalid_input"))
+           (InvalidRowsError, "invalid_input"), (InvalidVectorsError, "invalid_input"),
+           (TransformRowError, "invalid_input"))
 MISSING_PATH = ("PATH_NOT_FOUND", "DELTA_TABLE_NOT_FOUND", "DELTA_PATH_DOES_NOT_EXIST")
 
 
 def classify(exc: BaseException) -> str | None:
     """The status (a key of :data:`EXIT`) of an error with a documented exit code, else None. Concurrency
-    conflicts are found by type anywhere in the cause chain; Spark's missing-path errors by their error class."""
+    conflicts are found by type anywhere in the cause chain; an error a Python worker raised by its class
+    (:func:`~anisotropy_spark.worker_errors.worker_error`); Spark's missing-path errors by their error class."""
     if delta_conflict_name(exc) is not None:
         return "concurrent_publish"
+    exc = typed(exc)
     for kind, status in CLASSES:
         if isinstance(exc, kind):
             return status
@@ -49,8 +53,18 @@ def classify(exc: BaseException) -> str | None:
     return None
 
 
+def typed(exc: BaseException) -> BaseException:
+    """``exc`` when it is of a class of :data:`CLASSES`, else the typed error a Python worker raised inside it
+    (:func:`~anisotropy_spark.worker_errors.worker_error`), else ``exc``."""
+    if isinstance(exc, tuple(kind for kind, _ in CLASSES)):
+        return exc
+    return worker_error(exc) or exc
+
+
 def describe(exc: BaseException) -> str:
-    """One line: the error's type and its first message line (Spark's messages run to many lines)."""
+    """One line: the error's type and its first message line (Spark's messages run to many lines); for a Spark
+    error carrying a Python worker's typed error, that error's."""
+    exc = typed(exc)
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 

@@ -24,6 +24,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 
 from anisotropy_core import storage
+from anisotropy_core.norms import DEFAULT_MAX_NORM_RATIO
 
 T = TypeVar("T")
 
@@ -42,8 +43,10 @@ VectorReader = Literal["auto", "spark", "pyarrow"]   # who reads the data files:
 class InputSettings:
     """The input block every job shares: the table (``input``, a Delta or Parquet path or URI), its
     ``vector_col`` (array<float|double> or VectorUDT) and ``id_col``, the expected ``dimension`` (None = the
-    most common length) and what to do with invalid rows (``on_invalid``; ``quarantine`` appends them with
-    a reason to the Delta table ``quarantine_path``)."""
+    most common length), what to do with invalid rows (``on_invalid``; ``quarantine`` appends them with
+    a reason to the Delta table ``quarantine_path``) and the norm-outlier rule: a row longer than
+    ``max_norm_ratio`` × the median length of the valid rows is invalid, reason ``norm_outlier``
+    (:mod:`anisotropy_core.norms`; None or 0 turns the rule off)."""
 
     input: str
     vector_col: str = "vector"
@@ -51,13 +54,24 @@ class InputSettings:
     dimension: int | None = None
     on_invalid: Literal["error", "quarantine"] = "error"
     quarantine_path: str | None = None
+    max_norm_ratio: float | None = DEFAULT_MAX_NORM_RATIO
 
     def input_problems(self) -> list[str]:
         """The checks of this block (each job's ``check()`` adds its own)."""
         problems = quarantine_problems(self)
         if self.dimension is not None and self.dimension < 1:
             problems.append(f"dimension must be >= 1, got {self.dimension}")
+        if self.max_norm_ratio is not None and not (self.max_norm_ratio == 0 or self.max_norm_ratio > 1):
+            problems.append(f"max_norm_ratio must be > 1 (or 0 / null: off), got {self.max_norm_ratio}")
         return problems
+
+    def named_columns(self) -> dict[str, list[str]]:
+        """Every input column this config names, by role: vector, id and, in the jobs that have them, the
+        ``metadata_cols`` and ``label_col`` of the artefact test. Each must be in the input's schema, checked
+        before the first pass over it (:func:`anisotropy_spark.contract.require_schema`)."""
+        label = getattr(self, "label_col", None)
+        return {"vector": [self.vector_col], "id": [self.id_col],
+                "metadata": list(getattr(self, "metadata_cols", [])), "label": [label] if label else []}
 
     def output_problems(self, output: str | None) -> list[str]:
         """``output`` (a table the job writes) must not be the input, whose pinned version must stay readable."""

@@ -31,7 +31,7 @@ from anisotropy_core.diagnostics import Diagnosis, diagnose, plain_scalar
 from anisotropy_core.isotropy_measures import (isoscore_from_spectrum, partition_ratio, sampling_noise,
                                                sign_structure_null, uniformity)
 from anisotropy_core.report import CLUSTER_KEYS, cell_text, write_report_assets
-from anisotropy_spark.contract import require_columns
+from anisotropy_spark.contract import require_schema
 from anisotropy_spark.diagnostics import drawn_or_sampled, pair_alignment
 from anisotropy_spark.io import as_vector_array, read_table, validate
 from anisotropy_spark.kmeans import fit_kmeans, spark_cluster_diagnostics
@@ -140,14 +140,13 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
     timings: list[dict] = []
     with timed_stage(log, timings, "read") as info:
         df, ref = read_table(spark, config.input, config.input_version)
+        require_schema(df.columns, config.named_columns())     # before any pass over the table
         vectors = as_vector_array(df, vector_col)
-        require_columns(vectors.columns, config.metadata_cols + ([config.label_col] if config.label_col else []),
-                        "metadata")                  # before any pass: the moments pass carries them for the sample
         info["rows"] = total = vectors.count()    # Delta answers from its file statistics; sizes the sample drawn next
         files, planned = table_files(spark, df, ref.path, ref.format, vector_col, total, config.vector_reader)
     with timed_stage(log, timings, "moments") as info:     # validation, quarantine, moments and sample in one pass
         checked = validate(vectors, vector_col, id_col, config.dimension, config.on_invalid, config.quarantine_path,
-                           input_version=ref.version, with_moments=True,
+                           input_version=ref.version, with_moments=True, max_norm_ratio=config.max_norm_ratio,
                            sample=RowSample(config.sample_size, total, columns=tuple(sampled_columns(config))),
                            files=files)
         state, valid, d = checked.moments, checked.valid, checked.dimension

@@ -23,6 +23,7 @@ from pyspark.sql import SparkSession
 
 from anisotropy_core.artifact import load_artifact
 from anisotropy_core.transforms import DEFAULT_EPS
+from anisotropy_spark.contract import require_schema
 from anisotropy_spark.estimators import CorrectionEstimator, estimator_for, method_params, registered_methods
 from anisotropy_spark.io import as_vector_array, read_table, validate
 from anisotropy_spark.session import get_spark
@@ -86,10 +87,12 @@ class FitConfig(InputSettings):
 def run_fit(spark: SparkSession, config: FitConfig) -> dict:
     """Fit and save; returns the saved (hash-verified, reloaded) manifest."""
     df, ref = read_table(spark, config.input, config.input_version)
+    require_schema(df.columns, config.named_columns())
     estimator = config.estimator()
     checked = validate(as_vector_array(df, config.vector_col), config.vector_col, config.id_col, config.dimension,
                        config.on_invalid, config.quarantine_path, input_version=ref.version,
-                       with_moments=estimator.moment_based)   # a moment-based fit then needs no second pass
+                       with_moments=estimator.moment_based,   # a moment-based fit then needs no second pass
+                       max_norm_ratio=config.max_norm_ratio)
     model = estimator.fitWithMoments(checked.valid, checked.moments).setFittedOn(ref)
     model.write().overwrite().save(config.artifact)
     return load_artifact(config.artifact).manifest

@@ -21,6 +21,7 @@ from anisotropy_core.decision import Recommendation, recommend
 from anisotropy_core.diagnostics import Diagnosis, diagnose as diagnose_moments
 from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import FittedTransform
+from anisotropy_spark.contract import TransformRowError, require_schema
 from anisotropy_spark.diagnostics import diagnose_dataframe, drawn_or_sampled
 from anisotropy_spark.estimators import CorrectionModel
 from anisotropy_spark.io import TableRef, ValidatedInput, as_vector_array, read_table, validate
@@ -29,6 +30,7 @@ from anisotropy_spark.publish import OutputState, PublishTarget, only_appends, o
 from anisotropy_spark.quarantine import DUPLICATE_ID
 from anisotropy_spark.row_sample import RowSample
 from anisotropy_spark.table_files import table_files
+from anisotropy_spark.worker_errors import worker_error
 from jobs import evaluation
 from jobs.apply import VERSION_COLUMN
 from jobs.config import ConfigError
@@ -89,6 +91,7 @@ def read(ctx: NightlyContext, info: dict) -> None:
     ctx.input_df, ctx.ref = read_table(ctx.spark, config.input)
     if ctx.ref.format != "delta":
         raise ConfigError(f"input: {config.input} is not a Delta table (the nightly job pins a Delta version)")
+    require_schema(ctx.input_df.columns, config.named_columns())      # every named column, before any pass
     rec["input"]["version"] = ctx.ref.version
     ctx.state = output_state(ctx.spark, config.output)
     rec["output"]["previous_version"] = ctx.state.version
@@ -116,6 +119,7 @@ def validate_input(ctx: NightlyContext, info: dict) -> None:
     ctx.checked = validate(as_vector_array(ctx.input_df, config.vector_col), config.vector_col, config.id_col,
                            config.dimension, config.on_invalid, config.quarantine_path,
                            run_id=ctx.record["run_id"], input_version=ctx.ref.version, with_moments=True, files=files,
+                           max_norm_ratio=config.max_norm_ratio,
                            sample=RowSample(config.sample_size, total, columns=tuple(columns)) if columns else None)
     ctx.valid, ctx.moments = ctx.checked.valid, ctx.checked.moments
     info["rows"], info["reader"] = ctx.moments.n + ctx.checked.invalid_count, ctx.checked.reader if files else planned
@@ -308,11 +312,19 @@ def apply(ctx: NightlyContext, info: dict) -> None:
 
 
 def diagnose_output(ctx: NightlyContext, info: dict) -> None:
-    """Diagnose the would-be output; a failure (e.g. a non-finite vector) is left for the gate to report."""
+    """Diagnose the would-be output; a failure (e.g. a non-finite vector) is left for the gate to report. A row the
+    transform cannot map (:class:`~anisotropy_spark.contract.TransformRowError`, e.g. a value that overflows
+    float32 after the cast, raised in a worker and received by its class) leaves no output to gate: GateError
+    naming the row."""
     try:
         ctx.output_metrics = diagnose_dataframe(ctx.candidate, ctx.config.out_col, ctx.d_out).scalars()
-    except ValueError as exc:
-        ctx.output_error = str(exc).splitlines()[0]
+    except Exception as exc:  # noqa: BLE001 — a worker's error arrives wrapped by Spark; only typed ones are handled
+        found = worker_error(exc) or exc
+        if isinstance(found, TransformRowError):
+            raise GateError([f"the transform cannot produce the output: {found}"]) from None
+        if not isinstance(found, ValueError):
+            raise
+        ctx.output_error = str(found).splitlines()[0]
     ctx.record["output_metrics"] = ctx.output_metrics
 
 
