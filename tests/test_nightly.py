@@ -94,6 +94,8 @@ def test_publish_noop_gate_incremental_rollback(spark, tmp_path):
     assert D_chosen == 1 and first["applied"]["params"]["D"] == 1 and first["applied"]["refitted"]
     assert first["counts"]["invalid_rows"] == 3 and first["counts"]["output_rows"] == N
     assert stage(first, "validate")["reader"] == "pyarrow"           # the moments pass read the data files
+    assert first["counts"]["output_files"] == 1                        # 2 small input files: one output file
+    assert len(spark.read.format("delta").load(output).inputFiles()) == 1
     expected = fit_abtt(Moments.of_batch(X), D=D_chosen).apply(X)
     published = table(spark, output)
     assert sorted(published) == list(ids)
@@ -117,6 +119,9 @@ def test_publish_noop_gate_incremental_rollback(spark, tmp_path):
     rejected = record(tmp_path, "gate_rejected")
     assert "anisotropy_A" in rejected["reason"] and "outside the bounds" in rejected["reason"]
     assert len(history(spark, output)) == 1
+    assert rejected["applied"]["refitted"] and rejected["applied"]["rejected"]   # its fit is kept, marked rejected
+    report = json.loads(open(os.path.join(rejected["applied"]["artifact"], "fit_report.json")).read())
+    assert report["rejected"] == {"run_id": rejected["run_id"], "reason": rejected["reason"].split(": ", 1)[1]}
 
     # 4. new rows arrive (append): the transform is reused and only the new rows are MERGEd on id
     new_ids, X_new, tokens_new = corpus(n=20, seed=1, start=1000)
