@@ -64,6 +64,14 @@ def is_file(path: str) -> bool:
     return filesystem.get_file_info(inner).type == pafs.FileType.File
 
 
+def list_files(folder: str) -> list[str]:
+    """The paths (as ``join(folder, name)``) of the files directly in ``folder``, sorted; empty when ``folder``
+    does not exist."""
+    filesystem, inner = resolve(folder)
+    found = filesystem.get_file_info(pafs.FileSelector(inner, allow_not_found=True))
+    return sorted(join(folder, posixpath.basename(info.path)) for info in found if info.type == pafs.FileType.File)
+
+
 def makedirs(path: str) -> None:
     filesystem, inner = resolve(path)
     filesystem.create_dir(inner, recursive=True)

@@ -27,6 +27,7 @@ from .session import session_conf
 
 DELTA_CONFLICT_CLASS = "io.delta.exceptions.DeltaConcurrentModificationException"
 APPEND_OPERATIONS = ("WRITE", "STREAMING UPDATE")
+VACUUM_OPERATIONS = ("VACUUM START", "VACUUM END")   # commits that delete unreferenced files, never rows
 
 
 class ConcurrentPublishError(RuntimeError):
@@ -98,14 +99,16 @@ def state_meta(meta: dict | None) -> dict | None:
 
 
 def output_state(spark: SparkSession, path: str) -> OutputState:
-    """Read the output's Delta history (userMetadata of every commit)."""
+    """Read the output's Delta history (userMetadata of every commit). The state's metadata is that of the latest
+    commit that is not a VACUUM's (which changes no row); ``version`` is the latest commit, VACUUM included."""
     if not is_delta_table(spark, path):
         return OutputState(None, None, -1)
-    rows = DeltaTable.forPath(spark, path).history().select("version", "userMetadata").collect()
+    rows = DeltaTable.forPath(spark, path).history().select("version", "operation", "userMetadata").collect()
     rows.sort(key=lambda r: r["version"], reverse=True)
     metas = [parse_meta(r["userMetadata"]) for r in rows]
     seqs = [m["seq"] for m in metas if m and isinstance(m.get("seq"), int)]
-    return OutputState(int(rows[0]["version"]), state_meta(metas[0]), max(seqs, default=-1))
+    content = [m for r, m in zip(rows, metas) if r["operation"] not in VACUUM_OPERATIONS]
+    return OutputState(int(rows[0]["version"]), state_meta(content[0] if content else None), max(seqs, default=-1))
 
 
 def meta_at(spark: SparkSession, path: str, version: int) -> dict | None:
@@ -118,13 +121,13 @@ def meta_at(spark: SparkSession, path: str, version: int) -> dict | None:
 
 
 def only_appends(spark: SparkSession, path: str, after: int, upto: int) -> bool:
-    """True when every commit of the Delta table ``path`` in (after, upto] only appended rows."""
+    """True when every commit of the Delta table ``path`` in (after, upto] only appended rows (or was a VACUUM's)."""
     rows = (DeltaTable.forPath(spark, path).history()
             .where((F.col("version") > after) & (F.col("version") <= upto))
             .select("version", "operation", "operationParameters").collect())
     if len(rows) != upto - after:
         return False   # history truncated (log retention): cannot prove append-only
-    return all(r["operation"] in APPEND_OPERATIONS
+    return all(r["operation"] in VACUUM_OPERATIONS or r["operation"] in APPEND_OPERATIONS
                and (r["operationParameters"] or {}).get("mode", r["operationParameters"].get("outputMode")) == "Append"
                for r in rows)
 

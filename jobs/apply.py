@@ -35,6 +35,9 @@ checked first a mismatch is not expected, and it would be repaired by a second o
   otherwise-valid row is left out and quarantined (reason ``duplicate_id``), or, with ``on_invalid: error``,
   the job stops before writing, naming sample ids.
 
+* Files: the write is coalesced (no shuffle) to ``ceil(input bytes / target_file_mb)`` data files at most, the
+  input bytes being the pinned version's data files (:mod:`anisotropy_spark.output_files`; the summary's
+  ``output_files``), instead of one file per input row group.
 * Atomic: the write is ONE Delta ``overwrite`` commit; a failure anywhere (e.g. in one partition) leaves
   no commit, so readers keep seeing the previous table version unchanged.
 * Idempotent: the commit's ``userMetadata`` records {input path, input version, transform version}; a
@@ -61,12 +64,13 @@ from anisotropy_spark.contract import REASON_COLUMN, ForeignDimensionError, Tall
 from anisotropy_spark.estimators import CorrectionModel, RowChecks
 from anisotropy_spark.io import (as_vector_array, count_invalid, is_delta_table, read_table,
                                  settle_invalid, valid_rows)
+from anisotropy_spark.output_files import file_count, scan_bytes
 from anisotropy_spark.quarantine import Duplicates, find_duplicates
 from anisotropy_spark.session import get_spark
 from anisotropy_spark.table_files import pyarrow_or_spark, table_files
 from anisotropy_spark.worker_errors import worker_error
 from jobs.cli import run
-from jobs.config import InputSettings, VectorReader, parse_args
+from jobs.config import InputSettings, OutputFiles, VectorReader, parse_args
 
 VERSION_COLUMN = "transform_version"
 JOB_NAME = "anisotropy.apply"
@@ -75,7 +79,7 @@ NORM_OUTLIER_NOTE = ("not applied: the artifact records no median length of its 
 
 
 @dataclasses.dataclass(kw_only=True)
-class ApplyConfig(InputSettings):
+class ApplyConfig(InputSettings, OutputFiles):
     """Settings of the apply job (conf/apply.yaml)."""
 
     artifact: str
@@ -88,7 +92,7 @@ class ApplyConfig(InputSettings):
     master: str | None = None
 
     def check(self) -> list[str]:
-        problems = self.output_problems(self.output) + self.input_problems()
+        problems = self.output_problems(self.output) + self.input_problems() + self.output_file_problems()
         if self.output_col == VERSION_COLUMN:
             problems.append(f"output_col may not be {VERSION_COLUMN!r}")
         return problems
@@ -134,11 +138,11 @@ def error_from_worker(exc: Exception, artifact: Artifact) -> Exception | None:
 
 
 def publish(corrected: DataFrame, duplicates: Duplicates, config: ApplyConfig, stamp: dict,
-            artifact: Artifact) -> dict:
+            artifact: Artifact, files: int) -> dict:
     """Write the valid, non-duplicated rows of ``corrected`` (:meth:`CorrectionModel.transform_checked`'s rows,
     with ``invalid_reason`` under ``on_invalid: quarantine``) to ``config.output`` in ONE overwrite commit
-    stamped ``stamp``; returns the pass's counts {``rows`` read, ``invalid`` rows}. A worker's invalid row or
-    foreign dimension is raised as the job's own error (:func:`error_from_worker`); nothing is committed then."""
+    stamped ``stamp``, coalesced to at most ``files`` data files (no shuffle); returns the pass's counts {``rows``
+    read, ``invalid`` rows}. A worker's invalid row or foreign dimension is raised as the job's own error (:func:`error_from_worker`); nothing is committed then."""
     observed = Observation("apply_pass")
     tagged = REASON_COLUMN in corrected.columns
     corrected = duplicates.drop_from(corrected.observe(
@@ -147,7 +151,7 @@ def publish(corrected: DataFrame, duplicates: Duplicates, config: ApplyConfig, s
     if tagged:
         corrected = corrected.where(F.col(REASON_COLUMN).isNull()).drop(REASON_COLUMN)
     try:
-        (corrected.withColumn(VERSION_COLUMN, F.lit(artifact.transform_version))
+        (corrected.withColumn(VERSION_COLUMN, F.lit(artifact.transform_version)).coalesce(files)
          .write.format("delta").mode("overwrite").option("overwriteSchema", "true")
          .option("userMetadata", json.dumps(stamp, sort_keys=True)).save(config.output))
     except Exception as exc:      # the worker's error arrives wrapped (Py4J / captured Spark error)
@@ -177,13 +181,15 @@ def run_apply(spark: SparkSession, config: ApplyConfig, artifact: Artifact | Non
                 "reason": "the latest output commit already holds this input version and transform version"}
     vector_col, id_col = config.vector_col, config.id_col
     files, planned = table_files(spark, df, ref.path, ref.format, vector_col, None, config.vector_reader)
+    output_files = file_count(scan_bytes(df), config.target_file_mb)
     df = as_vector_array(df, vector_col)
     model = (CorrectionModel.from_artifact(artifact, vector_col, config.output_col or vector_col)
              .setOutputDtype(config.output_dtype))
     quarantine = config.on_invalid == "quarantine"
     duplicates = checked_duplicates(df, config, artifact.transform.d_in)
     checks = RowChecks(id_col, tag_invalid=quarantine)
-    write = functools.partial(publish, duplicates=duplicates, config=config, stamp=stamp, artifact=artifact)
+    write = functools.partial(publish, duplicates=duplicates, config=config, stamp=stamp, artifact=artifact,
+                              files=output_files)
     if files:         # one pass either way: pyarrow reads the pinned files, or Spark's scan where they cannot serve
         counts, reader = pyarrow_or_spark(files, df.columns,
                                           lambda found: write(model.transform_files(spark, found, checks)),
@@ -198,7 +204,7 @@ def run_apply(spark: SparkSession, config: ApplyConfig, artifact: Artifact | Non
         settle_invalid(df, tally, vector_col, id_col, artifact.transform.d_in, "quarantine", config.quarantine_path,
                        duplicates=duplicates, input_version=ref.version)
         by_reason = tally.merge(duplicates.tally).counts
-    return {**summary, "status": "written", "output_version": version, "reader": reader,
+    return {**summary, "status": "written", "output_version": version, "reader": reader, "output_files": output_files,
             "invalid_rows": sum(by_reason.values()), "invalid_by_reason": by_reason,
             "norm_outlier_rule": NORM_OUTLIER_NOTE}
 

@@ -1,6 +1,6 @@
 """The ``anisotropy`` console script: one command, a subcommand per job; and the exit codes every job shares.
 
-    anisotropy diagnose|fit|apply|nightly|demo --conf FILE [--key-name VALUE ...] [--verbose]
+    anisotropy diagnose|fit|apply|nightly|vacuum|demo --conf FILE [--key-name VALUE ...] [--verbose]
 
 Each subcommand is that job's own ``main`` (``python -m jobs.<job>`` and ``spark-submit jobs/<job>.py`` run
 the same code through :func:`run`); ``anisotropy <job> --help`` lists its flags.
@@ -91,6 +91,7 @@ JOBS = {
     "fit": "fit a correction and save it as a versioned artifact",
     "apply": "write a corrected copy of a table with a saved artifact",
     "nightly": "diagnose, decide, fit or reuse, apply, gate and publish in one run",
+    "vacuum": "delete the data files the nightly's Delta tables no longer reference (Delta VACUUM)",
     "demo": "the whole pipeline on the bundled corpus",
 }
 

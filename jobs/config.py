@@ -78,6 +78,18 @@ class InputSettings:
         return ["output must differ from input"] if output and storage.same_location(self.input, output) else []
 
 
+@dataclasses.dataclass(kw_only=True)
+class OutputFiles:
+    """How a job writing a corrected copy of a table sizes its data files: ``target_file_mb`` (MiB, > 0), the
+    size each output file aims at. The write is coalesced to ``ceil(input bytes / target)`` files at most, the
+    input bytes being the pinned version's data files (:mod:`anisotropy_spark.output_files`), without a shuffle."""
+
+    target_file_mb: float = 256.0
+
+    def output_file_problems(self) -> list[str]:
+        return [] if self.target_file_mb > 0 else [f"target_file_mb must be > 0, got {self.target_file_mb}"]
+
+
 def flow_problems(config: Any, prefix: str = "") -> list[str]:
     """The flow settings of ``config`` (``<prefix>sample_size``, ``steps``, ``couplings``, ``hidden``,
     ``batch_size``, ``learning_rate``): sizes ≥ 1, a sample of ≥ 2 rows, a positive learning rate."""
@@ -201,13 +213,15 @@ def config_hash(config: Any) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def parse_args(schema: type[T], argv: list[str] | None, description: str) -> tuple[T, argparse.Namespace]:
-    """CLI for a job: ``--conf FILE`` plus one ``--field-name VALUE`` override per config field.
+def parse_args(schema: type[T], argv: list[str] | None, description: str,
+               job_flags: argparse.ArgumentParser | None = None) -> tuple[T, argparse.Namespace]:
+    """CLI for a job: ``--conf FILE`` plus one ``--field-name VALUE`` override per config field, plus the job's
+    own flags (``job_flags``: a parser made with ``add_help=False``, listed by ``--help`` too).
 
     Override values are parsed as YAML scalars/lists (``3`` → int, ``null`` → None, ``[a, b]`` → list),
     then validated exactly like the file. Returns the config and the raw namespace (for job-only flags).
     """
-    parser = argparse.ArgumentParser(description=description)
+    parser = argparse.ArgumentParser(description=description, parents=[job_flags] if job_flags else [])
     parser.add_argument("--conf", help="YAML config file (see conf/)")
     for field in dataclasses.fields(schema):
         parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=None,

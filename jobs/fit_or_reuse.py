@@ -3,7 +3,8 @@ be reused (same method and parameters, diagnosis within the drift thresholds), a
 
 Artifacts live in ``artifacts_dir/<transform_version>/`` (any path or URI of :mod:`anisotropy_core.storage`):
 the transform artifact plus ``fit_report.json`` — the method, its parameters and the input metrics it was
-fitted on, which the drift test compares against.
+fitted on, which the drift test compares against, and (:func:`mark_rejected`) ``rejected``: the run whose gate
+refused the output made with it, and why. A rejected fit is kept for inspection and never reused.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import json
 from pyspark.sql import DataFrame
 
 from anisotropy_core import storage
-from anisotropy_core.artifact import Artifact, load_artifact, save_artifact
+from anisotropy_core.artifact import Artifact, ArtifactError, load_artifact, save_artifact
 from anisotropy_core.decision import Recommendation
 from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import FittedTransform
@@ -86,19 +87,39 @@ def model_from(artifact: Artifact, config: NightlyConfig) -> CorrectionModel:
     return CorrectionModel.from_artifact(artifact, config.vector_col, config.out_col)
 
 
+def serving_artifact(previous: dict | None) -> Artifact | None:
+    """The artifact the output's current state was published with (``previous``: its publish metadata), loaded
+    and verified by :func:`~anisotropy_core.artifact.load_artifact` (its content hash) and matched against the
+    ``transform_version`` the published rows carry; None when that state has no artifact (nothing published, or
+    method none). Raises :class:`ArtifactError` naming the path and the problem (missing, unreadable, corrupt)."""
+    if not previous or not previous.get("artifact"):
+        return None
+    artifact = load_artifact(previous["artifact"])
+    if artifact.transform_version != previous.get("transform_version"):
+        raise ArtifactError(f"{previous['artifact']}: holds transform {artifact.transform_version}, but the published "
+                            f"rows carry {previous.get('transform_version')}")
+    return artifact
+
+
 def reusable(config: NightlyConfig, previous: dict | None, method: str, params: dict, d: int,
              metrics: dict) -> tuple[Artifact | None, str]:
     """(the artifact to reuse or None, why). Reuse needs ``refit: on_drift``, a previously published artifact
-    of the same method, dimension and fit parameters, and every ``drift`` metric within its threshold."""
+    (:func:`serving_artifact`) of the same method, dimension and fit parameters, not marked rejected, and every
+    ``drift`` metric within its threshold."""
     if config.refit == "always":
         return None, "refit: always"
     if not previous or not previous.get("artifact"):
         return None, "no previously published transform"
     try:
-        artifact = load_artifact(previous["artifact"], expected_dimension=d)
+        artifact = serving_artifact(previous)
+        artifact.check_dimension(d)
         fitted = json.loads(storage.read_text(storage.join(previous["artifact"], FIT_REPORT)))
     except (OSError, ValueError) as exc:
         return None, f"previous artifact unusable ({exc})"
+    if fitted.get("rejected"):
+        rejected = fitted["rejected"]
+        return None, (f"previous artifact {previous['artifact']} is marked rejected (run {rejected.get('run_id')}: "
+                      f"{rejected.get('reason')})")
     if fitted.get("method") != method or fitted.get("params") != params:
         return None, f"method/params changed ({fitted.get('method')} {fitted.get('params')} → {method} {params})"
     moved = {k: abs(metrics[k] - fitted["metrics"][k]) for k in config.drift}
@@ -107,6 +128,16 @@ def reusable(config: NightlyConfig, previous: dict | None, method: str, params: 
         return None, "diagnosis drifted beyond thresholds: " + ", ".join(f"{k} moved {v:.4g} > {config.drift[k]}"
                                                                          for k, v in over.items())
     return artifact, "diagnosis within drift thresholds: " + ", ".join(f"{k} moved {v:.4g}" for k, v in moved.items())
+
+
+def mark_rejected(path: str, run_id: str, reason: str) -> None:
+    """Mark the fit saved at ``path`` rejected (by run ``run_id``'s gate, for ``reason``) in its fit report: the
+    artifact stays for inspection, :func:`reusable` refuses it. A later run that fits the same numbers saves
+    the fit again (:func:`save_fit`), which clears the mark."""
+    report_path = storage.join(path, FIT_REPORT)
+    report = json.loads(storage.read_text(report_path))
+    report["rejected"] = {"run_id": run_id, "reason": reason}
+    storage.write_atomic(report_path, json.dumps(report, indent=2, sort_keys=True))
 
 
 def save_fit(config: NightlyConfig, model: CorrectionModel, method: str, params: dict, metrics: dict) -> str:

@@ -7,6 +7,9 @@ publish, one command. The stages are :mod:`jobs.nightly_stages`; this module run
 
 Modules: settings :mod:`jobs.nightly_config`; fit-or-reuse :mod:`jobs.fit_or_reuse`; gate :mod:`jobs.gate`;
 run records :mod:`jobs.run_records`; Delta state, publish and conflicts :mod:`anisotropy_spark.publish`.
+Every run writes its record (:mod:`jobs.run_records`) before its first stage (status ``started``) and when it
+ends; an earlier run that never ended is marked ``killed`` then. A run the gate refuses marks the fit it saved
+``rejected`` (:func:`jobs.nightly_stages.reject_fit`).
 Exit codes: 0 published / no-op / kept / rolled back; 2 config error; 3 gate rejected; 4 lost a concurrent
 publish; 5 invalid input rows (``on_invalid: error``); 1 anything else.
 """
@@ -30,7 +33,8 @@ from jobs.cli import EXIT, classify, describe, run
 from jobs.config import ConfigError, parse_args
 from jobs.nightly_config import NightlyConfig
 from jobs.nightly_stages import NightlyContext
-from jobs.run_records import new_record, write_record
+from jobs.gate import GateError
+from jobs.run_records import new_record, start_record, write_record
 from jobs.stage_log import timed_stage
 
 log = logging.getLogger("anisotropy.nightly")
@@ -42,12 +46,16 @@ def run_nightly(spark: SparkSession, config: NightlyConfig, ctx: NightlyContext 
     ctx = ctx or NightlyContext(spark, config, new_record(config))
     stages = nightly_stages.STAGES
     with ctx.cleanup:
-        for position, (name, stage) in enumerate(stages, 1):
-            with timed_stage(log, ctx.record["stages"], name, f"{position}/{len(stages)}") as info:
-                stage(ctx, info)
-            if ctx.finished:
-                log.info("no-op: %s", ctx.record["reason"])
-                break
+        try:
+            for position, (name, stage) in enumerate(stages, 1):
+                with timed_stage(log, ctx.record["stages"], name, f"{position}/{len(stages)}") as info:
+                    stage(ctx, info)
+                if ctx.finished:
+                    log.info("no-op: %s", ctx.record["reason"])
+                    break
+        except GateError as exc:
+            nightly_stages.reject_fit(ctx, str(exc))
+            raise
     return ctx.record
 
 
@@ -87,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT["config_error"]
     spark = get_spark("anisotropy-nightly", master=config.master)
     ctx = NightlyContext(spark, config, new_record(config))
+    start_record(spark, config, ctx.record)
     try:
         record = rollback(spark, config, rollback_to, ctx) if rollback_to is not None else run_nightly(spark, config, ctx)
         status = record["status"]

@@ -14,7 +14,8 @@ from typing import Literal
 from anisotropy_core.decision import DecisionThresholds
 from anisotropy_core.diagnostics import Diagnosis
 from jobs.apply import VERSION_COLUMN
-from jobs.config import ConfigError, EvaluationConfig, InputSettings, VectorReader, config_hash, flow_problems
+from jobs.config import (ConfigError, EvaluationConfig, InputSettings, OutputFiles, VectorReader, config_hash,
+                         flow_problems)
 
 # the scalar numbers of anisotropy_core.diagnose (what drift thresholds and output bounds may name)
 CORE_METRICS = Diagnosis.scalar_names()
@@ -22,7 +23,7 @@ CLUSTER_COLUMN = "cluster_id"
 
 
 @dataclasses.dataclass(kw_only=True)
-class NightlyConfig(InputSettings):
+class NightlyConfig(InputSettings, OutputFiles):
     """Settings of the nightly job (conf/nightly.yaml); see that file for what each key means."""
 
     output: str
@@ -66,6 +67,7 @@ class NightlyConfig(InputSettings):
     artifacts_dir: str = "out/nightly/transforms"
     runs_dir: str = "out/nightly/runs"
     runs_table: str | None = "out/nightly/runs_table"
+    stale_run_hours: float = 24.0
     app_id: str = "anisotropy-nightly"
     master: str | None = None
 
@@ -75,7 +77,9 @@ class NightlyConfig(InputSettings):
 
     def check(self) -> list[str]:
         """Static problems (no data needed); :func:`check_against_data` adds k ≤ n, D < d, k ≤ d."""
-        problems = self.output_problems(self.output) + self.input_problems()
+        problems = self.output_problems(self.output) + self.input_problems() + self.output_file_problems()
+        if not self.stale_run_hours > 0:
+            problems.append(f"stale_run_hours must be > 0, got {self.stale_run_hours}")
         if self.abtt_D is not None and (self.abtt_D < 0 or self.dimension and self.abtt_D >= self.dimension):
             problems.append(f"abtt_D={self.abtt_D} must satisfy 0 <= abtt_D < dimension={self.dimension}")
         if self.whitening_k is not None and (self.whitening_k < 1 or self.dimension and self.whitening_k > self.dimension):
@@ -125,7 +129,8 @@ def check_against_data(config: NightlyConfig, n: int, d: int, method: str) -> No
 
 # settings that say where things go or how a run is gated, not what the published vectors are
 NON_CONTENT_KEYS = ("master", "runs_dir", "runs_table", "artifacts_dir", "quarantine_path", "app_id", "output_bounds",
-                    "min_neighbour_overlap", "neighbour_sample", "neighbour_k")
+                    "min_neighbour_overlap", "neighbour_sample", "neighbour_k",
+                    "stale_run_hours", "target_file_mb")
 
 
 def nightly_config_hash(config: NightlyConfig) -> str:

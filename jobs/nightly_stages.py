@@ -14,7 +14,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from anisotropy_core.artifact import load_artifact
+from anisotropy_core.artifact import ArtifactError, load_artifact
 from anisotropy_core.candidates import PUBLISHED, refuse_explicit
 from anisotropy_core.clustering import ClusterRecenter, cluster_diagnostics
 from anisotropy_core.decision import Recommendation, recommend
@@ -26,6 +26,7 @@ from anisotropy_spark.diagnostics import diagnose_dataframe, drawn_or_sampled
 from anisotropy_spark.estimators import CorrectionModel
 from anisotropy_spark.io import TableRef, ValidatedInput, as_vector_array, read_table, validate
 from anisotropy_spark.kmeans import fit_cluster_recenter
+from anisotropy_spark.output_files import file_count, scan_bytes
 from anisotropy_spark.publish import OutputState, PublishTarget, only_appends, output_state, publish
 from anisotropy_spark.quarantine import DUPLICATE_ID
 from anisotropy_spark.row_sample import RowSample
@@ -35,7 +36,8 @@ from jobs import evaluation
 from jobs.apply import VERSION_COLUMN
 from jobs.config import ConfigError
 from jobs.diagnose import artefact_of_sample, sampled_columns
-from jobs.fit_or_reuse import candidate_fit, fit_model, fit_params, model_from, model_of, reusable, save_fit
+from jobs.fit_or_reuse import (candidate_fit, fit_model, fit_params, mark_rejected, model_from, model_of, reusable,
+                               save_fit, serving_artifact)
 from jobs.gate import GateError, gate
 from jobs.nightly_config import NightlyConfig, check_against_data
 from jobs.run_records import json_safe
@@ -78,6 +80,7 @@ class NightlyContext:
     new_rows: DataFrame | None = None
     output_metrics: dict | None = None
     output_error: str | None = None
+    output_files: int | None = None
 
     @property
     def previous(self) -> dict | None:
@@ -86,7 +89,10 @@ class NightlyContext:
 
 
 def read(ctx: NightlyContext, info: dict) -> None:
-    """Pin the input's latest Delta version; stop (no-op) when the output already holds it with this config."""
+    """Pin the input's latest Delta version and verify the artifact the output is served with
+    (:func:`check_serving`); stop (no-op) when the output already holds that input version with this config and
+    its artifact passed the check. A failed check is no no-op: the run refits (the fit stage cannot reuse the
+    artifact) and republishes, the record saying why."""
     config, rec = ctx.config, ctx.record
     ctx.input_df, ctx.ref = read_table(ctx.spark, config.input)
     if ctx.ref.format != "delta":
@@ -96,13 +102,38 @@ def read(ctx: NightlyContext, info: dict) -> None:
     ctx.state = output_state(ctx.spark, config.output)
     rec["output"]["previous_version"] = ctx.state.version
     previous = ctx.previous
+    problem = check_serving(ctx)
     if previous and previous.get("input_path") == config.input and previous.get("input_version") == ctx.ref.version \
             and previous.get("config_hash") == rec["config_hash"]:
+        if problem is not None:
+            rec["reason"] = (f"not a no-op: output version {ctx.state.version} already holds input version "
+                             f"{ctx.ref.version}, but its artifact failed the check ({problem}): refit and republish")
+            log.warning("%s", rec["reason"])
+            return
         rec.update(status="noop", mode="noop", reason=(
             f"output version {ctx.state.version} already holds input version {ctx.ref.version} with this config "
-            f"(run {previous['run_id']}, transform {previous.get('transform_version')})"))
+            f"(run {previous['run_id']}, transform {previous.get('transform_version')}, artifact verified)"))
         rec["output"]["version"] = ctx.state.version
         ctx.finished = True
+
+
+def check_serving(ctx: NightlyContext) -> str | None:
+    """Load and verify the artifact of the output's current state (:func:`jobs.fit_or_reuse.serving_artifact`:
+    its content hash, and the transform version its rows carry); record the result as ``serving_artifact``
+    ({path, transform_version, verified[, problem]}; None when the state has no artifact). Returns the problem,
+    or None."""
+    previous = ctx.previous or {}
+    if not previous.get("artifact"):
+        ctx.record["serving_artifact"] = None
+        return None
+    checked = {"path": previous["artifact"], "transform_version": previous.get("transform_version")}
+    try:
+        serving_artifact(previous)
+    except ArtifactError as exc:
+        ctx.record["serving_artifact"] = {**checked, "verified": False, "problem": str(exc)}
+        return str(exc)
+    ctx.record["serving_artifact"] = {**checked, "verified": True}
+    return None
 
 
 def validate_input(ctx: NightlyContext, info: dict) -> None:
@@ -178,7 +209,8 @@ def evaluate(ctx: NightlyContext, info: dict) -> None:
     if not labelled(config) or config.method != "auto":
         return
     previous = ctx.previous
-    published = previous is not None
+    serving = rec.get("serving_artifact")
+    published = previous is not None and (serving is None or serving["verified"])     # a corrupt one is no baseline
     published_transform = load_artifact(previous["artifact"], expected_dimension=ctx.report.d).transform \
         if published and previous.get("artifact") else None
     record, fitted, grid = evaluation.run_evaluation(
@@ -309,6 +341,7 @@ def apply(ctx: NightlyContext, info: dict) -> None:
         info["rows"] = ctx.record["counts"]["rows_written"] = ctx.new_rows.count()
     else:
         ctx.candidate = transformed(ctx, ctx.valid)
+        ctx.output_files = file_count(scan_bytes(ctx.input_df), config.target_file_mb)
 
 
 def diagnose_output(ctx: NightlyContext, info: dict) -> None:
@@ -393,14 +426,30 @@ def neighbour_gate(ctx: NightlyContext) -> list[str]:
             f"keeps {value:.0%} of each sampled row's raw top-{config.neighbour_k} neighbours"]
 
 
+def reject_fit(ctx: NightlyContext, reason: str) -> None:
+    """After the gate refused the output: mark the fit this run saved ``rejected`` in its fit report
+    (:func:`jobs.fit_or_reuse.mark_rejected`; kept, never reused), unless it is the artifact the output is served
+    with (a refit of the same numbers). Records ``applied.rejected``."""
+    applied = ctx.record.get("applied") or {}
+    if not ctx.refitted or applied.get("artifact") == (ctx.previous or {}).get("artifact"):
+        return
+    mark_rejected(applied["artifact"], ctx.record["run_id"], reason)
+    applied["rejected"] = True
+
+
 def publish_output(ctx: NightlyContext, info: dict) -> None:
-    """ONE Delta commit with the run's metadata; see :func:`anisotropy_spark.publish.publish`."""
+    """ONE Delta commit with the run's metadata; see :func:`anisotropy_spark.publish.publish`. A full rebuild is
+    written as at most ``output_files`` data files (:mod:`anisotropy_spark.output_files`; ``counts.output_files``)."""
     config, rec = ctx.config, ctx.record
     meta = {"run_id": rec["run_id"], "input_path": config.input, "input_version": ctx.ref.version,
             "transform_version": ctx.transform_version, "artifact": rec["applied"]["artifact"], "method": ctx.method,
             "config_hash": rec["config_hash"], "seq": ctx.state.next_seq, "mode": rec["mode"]}
     target = PublishTarget(config.output, config.id_col, config.app_id)
-    rec["output"]["version"] = publish(ctx.spark, target, ctx.candidate, ctx.new_rows, meta, ctx.state.version)
+    candidate = ctx.candidate
+    if ctx.new_rows is None:
+        candidate = candidate.coalesce(ctx.output_files)
+        rec["counts"]["output_files"] = ctx.output_files
+    rec["output"]["version"] = publish(ctx.spark, target, candidate, ctx.new_rows, meta, ctx.state.version)
     rec["status"] = "published"
 
 

@@ -1,26 +1,44 @@
-"""Nightly run records: every run (published, noop, rejected, failed, rolled back) as
-``runs_dir/<run_id>.json`` (through :mod:`anisotropy_core.storage`, so any path or URI) and one appended row
-of the Delta ``runs_table``: the recommendation, what was applied, counts, metrics, stage timings, and (with an
-``evaluation:`` block) every candidate's scores, the chosen one, raw and the quality gate (``evaluation``)."""
+"""Nightly run records: every run (published, noop, rejected, failed, rolled back, killed) as
+``runs_dir/<run_id>.json`` (through :mod:`anisotropy_core.storage`, so any path or URI) and one row per run of
+the Delta ``runs_table`` (upserted on ``run_id``): the recommendation, what was applied, counts, metrics, stage
+timings, and (with an ``evaluation:`` block) every candidate's scores, the chosen one, raw and the quality gate
+(``evaluation``).
+
+A run writes its record twice: ``started`` before its first stage (:func:`start_record`), and its final status
+when it ends (:func:`write_record`). A run killed in between (kill -9, a lost driver) leaves its ``started``
+record; the next run marks it ``killed`` (:func:`dead_runs`: its process on this host is gone, or it started more
+than ``stale_run_hours`` ago), in both places. :func:`write_records` is the one place that serialises a record.
+"""
 from __future__ import annotations
 
 import datetime
 import json
+import logging
 import math
+import os
+import random
+import socket
+import time
 import uuid
 from typing import Any
 
+from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
 from anisotropy_core import storage
+from anisotropy_spark.io import is_delta_table
 from anisotropy_spark.publish import is_delta_conflict
+from anisotropy_spark.session import session_conf
 from jobs.nightly_config import NightlyConfig, nightly_config_hash
+
+log = logging.getLogger("anisotropy.nightly")
 
 RUNS_SCHEMA = ("run_id string, started_at timestamp, finished_at timestamp, status string, mode string, "
                "reason string, input_path string, input_version long, output_path string, output_version long, "
                "method_recommended string, method_applied string, transform_version string, evaluation string, "
                "record string")
-APPEND_ATTEMPTS = 3
+WRITE_ATTEMPTS = 5      # concurrent runs' upserts of the runs_table conflict; each retry re-reads the table
+STARTED, KILLED = "started", "killed"
 
 
 def now() -> str:
@@ -28,8 +46,10 @@ def now() -> str:
 
 
 def new_record(config: NightlyConfig) -> dict[str, Any]:
-    """The JSON-ready record of a run that is starting."""
-    return {"run_id": uuid.uuid4().hex, "started_at": now(), "status": "running", "mode": None, "reason": None,
+    """The JSON-ready record of a run that is starting (status ``started``; ``host`` and ``pid`` of this process,
+    by which a later run tells whether it is still alive)."""
+    return {"run_id": uuid.uuid4().hex, "started_at": now(), "finished_at": None, "status": STARTED, "mode": None,
+            "reason": None, "host": socket.gethostname(), "pid": os.getpid(),
             "config_hash": nightly_config_hash(config), "input": {"path": config.input, "version": None},
             "output": {"path": config.output}, "counts": {}, "recommendation": None, "applied": None, "stages": []}
 
@@ -43,25 +63,105 @@ def json_safe(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
+def start_record(spark: SparkSession, config: NightlyConfig, rec: dict) -> list[dict]:
+    """Write ``rec`` (status ``started``) and mark every earlier run that never finished and is dead
+    (:func:`dead_runs`) ``killed``, with the reason; returns those records."""
+    dead = dead_runs(config, rec)
+    for old in dead:
+        log.warning("run %s: %s", old["run_id"], old["reason"])
+    write_records(spark, config, [rec, *dead])
+    return dead
+
+
 def write_record(spark: SparkSession, config: NightlyConfig, rec: dict) -> None:
-    """The run record as ``runs_dir/<run_id>.json`` and one appended row of the Delta ``runs_table``."""
+    """The final record of a run (``finished_at`` now) in ``runs_dir`` and the ``runs_table``."""
     rec["finished_at"] = now()
-    rec = json_safe(rec)
-    text = json.dumps(rec, indent=2, sort_keys=True, default=str, allow_nan=False)
-    storage.write_atomic(storage.join(config.runs_dir, f"{rec['run_id']}.json"), text)
+    write_records(spark, config, [rec])
+
+
+def dead_runs(config: NightlyConfig, current: dict) -> list[dict]:
+    """The records in ``runs_dir`` still ``started`` (other than ``current``'s) whose run is dead, each as it is to
+    be written: status ``killed``, ``finished_at`` = now (when it was found dead), ``reason`` saying why, and
+    ``found_by`` = ``current``'s run id. Dead: started on this host by a process that no longer exists, or started
+    more than ``stale_run_hours`` ago (a run on another host, or a reused process id)."""
+    found, moment = [], datetime.datetime.fromisoformat(current["started_at"])
+    for path in storage.list_files(config.runs_dir):
+        name = path.rsplit("/", 1)[-1]
+        if not name.endswith(".json") or name.startswith(".tmp-"):
+            continue
+        try:
+            rec = json.loads(storage.read_text(path))
+        except (OSError, ValueError) as exc:
+            log.warning("run record %s unreadable (%s): skipped", path, exc)
+            continue
+        if rec.get("status") != STARTED or rec.get("run_id") == current["run_id"]:
+            continue
+        why = why_dead(rec, current["host"], moment, config.stale_run_hours)
+        if why is not None:
+            found.append({**rec, "status": KILLED, "finished_at": now(), "found_by": current["run_id"],
+                          "reason": f"no final record: {why}; marked killed by run {current['run_id']}"})
+    return found
+
+
+def why_dead(rec: dict, host: str, moment: datetime.datetime, stale_hours: float) -> str | None:
+    """Why the ``started`` run ``rec`` cannot still be running at ``moment`` (seen from ``host``), or None."""
+    if rec.get("host") == host and isinstance(rec.get("pid"), int) and not process_exists(rec["pid"]):
+        return f"its process {rec['pid']} on {host} has ended"
+    hours = (moment - datetime.datetime.fromisoformat(rec["started_at"])).total_seconds() / 3600
+    if hours > stale_hours:
+        return f"it started {hours:.1f} h ago (stale_run_hours: {stale_hours:g}) on {rec.get('host')}"
+    return None
+
+
+def process_exists(pid: int) -> bool:
+    """True when a process ``pid`` exists on this host (signal 0: nothing is sent)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:        # exists, owned by another user
+        return True
+    return True
+
+
+def runs_row(rec: dict, text: str) -> tuple:
+    """The ``runs_table`` row (:data:`RUNS_SCHEMA`) of the JSON-safe record ``rec`` serialised as ``text``."""
+    stamp = datetime.datetime.fromisoformat
+    return (rec["run_id"], stamp(rec["started_at"]), rec["finished_at"] and stamp(rec["finished_at"]), rec["status"],
+            rec["mode"], rec["reason"], rec["input"]["path"], rec["input"]["version"], rec["output"]["path"],
+            rec["output"].get("version"), (rec["recommendation"] or {}).get("method"),
+            (rec["applied"] or {}).get("method"), (rec["applied"] or {}).get("transform_version"),
+            json.dumps(rec["evaluation"], sort_keys=True) if rec.get("evaluation") else None, text)
+
+
+def write_records(spark: SparkSession, config: NightlyConfig, records: list[dict]) -> None:
+    """Each record as ``runs_dir/<run_id>.json`` (replacing the run's earlier record) and, with a ``runs_table``,
+    upserted on ``run_id`` in ONE Delta commit (a MERGE, or the append that creates the table); a concurrent run's
+    commit is retried."""
+    rows = []
+    for rec in records:
+        rec = json_safe(rec)
+        text = json.dumps(rec, indent=2, sort_keys=True, default=str, allow_nan=False)
+        storage.write_atomic(storage.join(config.runs_dir, f"{rec['run_id']}.json"), text)
+        rows.append(runs_row(rec, text))
     if not config.runs_table:
         return
-    stamp = datetime.datetime.fromisoformat
-    row = (rec["run_id"], stamp(rec["started_at"]), stamp(rec["finished_at"]), rec["status"], rec["mode"],
-           rec["reason"], rec["input"]["path"], rec["input"]["version"], rec["output"]["path"],
-           rec["output"].get("version"), (rec["recommendation"] or {}).get("method"),
-           (rec["applied"] or {}).get("method"), (rec["applied"] or {}).get("transform_version"),
-           json.dumps(rec["evaluation"], sort_keys=True) if rec.get("evaluation") else None, text)
-    for attempt in range(APPEND_ATTEMPTS):   # blind appends conflict only while two runs create the table at once
+    for attempt in range(WRITE_ATTEMPTS):
         try:
-            (spark.createDataFrame([row], RUNS_SCHEMA).write.format("delta").mode("append")
-             .option("mergeSchema", "true").save(config.runs_table))
+            upsert_runs(spark, config.runs_table, rows)
             return
         except Exception as exc:  # noqa: BLE001
-            if attempt == APPEND_ATTEMPTS - 1 or not is_delta_conflict(exc):
+            if attempt == WRITE_ATTEMPTS - 1 or not is_delta_conflict(exc):
                 raise
+            time.sleep(random.uniform(0.2, 1.0) * (attempt + 1))
+
+
+def upsert_runs(spark: SparkSession, path: str, rows: list[tuple]) -> None:
+    """MERGE ``rows`` into the runs table on ``run_id`` (new columns of :data:`RUNS_SCHEMA` are added), or create it."""
+    source = spark.createDataFrame(rows, RUNS_SCHEMA)
+    if not is_delta_table(spark, path):
+        source.write.format("delta").mode("append").option("mergeSchema", "true").save(path)
+        return
+    with session_conf(spark, {"spark.databricks.delta.schema.autoMerge.enabled": "true"}):
+        (DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), "t.run_id = s.run_id")
+         .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())

@@ -1,7 +1,10 @@
 """Fit + apply jobs end to end on Delta: values, versions, atomicity under failure, idempotence, diagnosis."""
 import dataclasses
 import json
+import math
+import os
 import sys
+import urllib.parse
 
 import numpy as np
 import pyarrow as pa
@@ -15,11 +18,13 @@ from anisotropy_core.transforms import Center
 from anisotropy_spark.contract import check_batch
 from anisotropy_spark.diagnostics import diagnose_dataframe
 from anisotropy_spark.io import InvalidRowsError
+from anisotropy_spark.output_files import file_count, scan_bytes
 from anisotropy_spark.quarantine import find_duplicates, id_scan_conf
 from anisotropy_spark.table_files import FileLayoutError
 import jobs.apply as apply_job
 from jobs.apply import ApplyConfig, latest_commit, run_apply
 from jobs.apply import main as apply_main
+from jobs.config import ConfigError, from_mapping
 from jobs.fit import FitConfig, run_fit
 from jobs.fit import main as fit_main
 
@@ -373,3 +378,32 @@ def test_files_pyarrow_cannot_serve_are_written_through_sparks_scan(spark, corpu
     summary = run_apply(spark, dataclasses.replace(config, output=str(tmp_path / "o3")))
     assert summary["reader"] == "spark (the data files hold 30 rows, the table version 31)"
     assert summary["output_version"] == 0 and sorted(published(spark, str(tmp_path / "o3"))) == list(range(30))
+
+
+def test_output_is_coalesced_to_the_target_file_size(spark, corpus, tmp_path):
+    """A 40-file input is written as ceil(input bytes / target_file_mb) files (the pinned version's data files,
+    as Delta's log sizes them), the same rows and values as one file per input row group."""
+    root, data = corpus
+    _, artifact = fitted(spark, root, "abtt")
+    source = str(tmp_path / "source")
+    rows = [(i, f"doc{i}", i % 7, [float(v) for v in row]) for i, row in enumerate(data)]
+    (spark.createDataFrame(rows, "id long, title string, token_count int, vector array<double>").repartition(40)
+     .write.format("delta").save(source))
+    files = spark.read.format("delta").load(source).inputFiles()
+    size = sum(os.path.getsize(urllib.parse.urlparse(f).path) for f in files)
+    assert len(files) == 40 and scan_bytes(spark.read.format("delta").option("versionAsOf", 0).load(source)) == size
+    outputs = {}
+    for name, target_mb in (("per_row_group", 1e-6), ("coalesced", 0.02)):
+        config = ApplyConfig(input=source, artifact=artifact, output=str(tmp_path / name), target_file_mb=target_mb)
+        summary = run_apply(spark, config)
+        assert summary["reader"] == "pyarrow" and summary["output_files"] == file_count(size, target_mb)
+        written = spark.read.format("delta").load(config.output)
+        outputs[name] = (len(written.inputFiles()), {r["id"]: r["vector"] for r in written.collect()})
+    expected = math.ceil(size / (0.02 * 2**20))
+    assert 1 < expected < 10 and outputs["coalesced"][0] == expected and outputs["per_row_group"][0] == 40
+    assert outputs["coalesced"][1] == outputs["per_row_group"][1] and sorted(outputs["coalesced"][1]) == list(range(N))
+
+
+def test_target_file_mb_is_checked():
+    with pytest.raises(ConfigError, match="target_file_mb must be > 0, got 0"):
+        from_mapping(ApplyConfig, {"input": "a", "artifact": "b", "output": "c", "target_file_mb": 0})

@@ -5,7 +5,8 @@ from jobs import cli
 
 
 @pytest.mark.parametrize("job,flag", [("diagnose", "--sample-size"), ("fit", "--max-D"), ("apply", "--artifact"),
-                                      ("nightly", "--output-bounds"), ("demo", "--corpus-parquet")])
+                                      ("nightly", "--output-bounds"), ("vacuum", "--allow-short-retention"),
+                                      ("demo", "--corpus-parquet")])
 def test_every_subcommand_is_the_jobs_cli(job, flag, capsys):
     with pytest.raises(SystemExit) as done:
         cli.main([job, "--help"])

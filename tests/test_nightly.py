@@ -103,6 +103,8 @@ def test_publish_noop_gate_incremental_rollback(spark, tmp_path):
     assert stage(first, "diagnose")["sample_source"] == "moments pass" and stage(first, "diagnose")["sample_rows"] == N
     assert first["artefact"]["directions"][0]["significant"] and first["artefact"]["directions"][0]["p_adjusted"] < 0.05
     assert first["recommendation"]["verified"] and first["recommendation"]["evidence"]["artefact_directions"] == [1]
+    assert first["counts"]["output_files"] == 1                        # 2 small input files: one output file
+    assert len(spark.read.format("delta").load(output).inputFiles()) == 1
     expected = fit_abtt(Moments.of_batch(X), D=D_chosen).apply(X)
     published = table(spark, output)
     assert sorted(published) == list(ids)
@@ -126,6 +128,9 @@ def test_publish_noop_gate_incremental_rollback(spark, tmp_path):
     rejected = record(tmp_path, "gate_rejected")
     assert "anisotropy_A" in rejected["reason"] and "outside the bounds" in rejected["reason"]
     assert len(history(spark, output)) == 1
+    assert rejected["applied"]["refitted"] and rejected["applied"]["rejected"]   # its fit is kept, marked rejected
+    report = json.loads(open(os.path.join(rejected["applied"]["artifact"], "fit_report.json")).read())
+    assert report["rejected"] == {"run_id": rejected["run_id"], "reason": rejected["reason"].split(": ", 1)[1]}
 
     # 4. new rows arrive (append): the transform is reused and only the new rows are MERGEd on id
     new_ids, X_new, tokens_new = corpus(n=20, seed=1, start=1000)

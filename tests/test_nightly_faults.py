@@ -72,6 +72,11 @@ def assert_same_output(spark, left: str, right: str) -> float:
     return worst
 
 
+def records(runs_dir: pathlib.Path) -> list[dict]:
+    """Every run record in ``runs_dir``."""
+    return [json.loads(p.read_text()) for p in runs_dir.iterdir()]
+
+
 def published_metrics(runs_dir: pathlib.Path) -> dict:
     (record,) = [json.loads(p.read_text()) for p in runs_dir.iterdir()]
     assert record["status"] == "published"
@@ -129,10 +134,16 @@ def test_kill_between_apply_and_publish_leaves_table_unchanged(spark, tmp_path):
     assert history(spark, str(tmp_path / "output")) == before_history
     after_kill = table(spark, str(tmp_path / "output"))
     assert sorted(after_kill) == sorted(before) and all(np.array_equal(after_kill[i], before[i]) for i in before)
+    (killed,) = [r for r in records(tmp_path / "runs") if r["status"] == "started"]    # the killed run's trace
 
     assert nightly.main(["--conf", conf]) == 0
     assert len(table(spark, str(tmp_path / "output"))) == N + 20
     assert [h["operation"] for h in history(spark, str(tmp_path / "output"))] == ["WRITE", "MERGE"]
+    marked = {r["run_id"]: r for r in records(tmp_path / "runs")}[killed["run_id"]]
+    assert marked["status"] == "killed" and f"its process {killed['pid']}" in marked["reason"]
+    rows = spark.read.format("delta").load(str(tmp_path / "runs_table")).collect()
+    assert sorted(r["status"] for r in rows) == ["killed", "published", "published"]
+    assert {r["run_id"]: r["status"] for r in rows}[killed["run_id"]] == "killed"
 
 
 def test_concurrent_runs_one_publishes_the_other_fails_cleanly(spark, reference, tmp_path):

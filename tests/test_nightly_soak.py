@@ -1,7 +1,9 @@
 """Seven consecutive nights on one small table (issue 12): appends, a repeated id, bad rows, a schema change, a
-delete, an update, a corrupt artifact, a kill and a concurrent pair. After every night the output holds exactly
-the valid, uniquely-keyed rows of the input; at the end it equals a from-scratch apply of the final input with
-the transform in use (same ids, vectors within 1e-12) and the quarantine holds each bad row once."""
+delete, an update, a corrupt artifact, a kill and a concurrent pair; and (issue 45) a night with nothing new whose
+serving artifact was corrupted (it refits and republishes) and the killed run's record marked ``killed``. After
+every night the output holds exactly the valid, uniquely-keyed rows of the input; at the end it equals a
+from-scratch apply of the final input with the transform in use (same ids, vectors within 1e-12) and the
+quarantine holds each bad row once."""
 import json
 import pathlib
 
@@ -11,6 +13,7 @@ from pyspark.sql import functions as F
 from test_nightly import D, N, corpus, job_config, record, table, write_input
 from test_nightly_faults import finish, launch
 
+from anisotropy_core.artifact import load_artifact
 from jobs import nightly
 from jobs.apply import ApplyConfig, run_apply
 
@@ -56,7 +59,13 @@ def test_seven_nights_end_equal_to_a_rebuild(spark, tmp_path):
 
     night(spark, conf, tmp_path, "full", "no previous publish")                              # 1. first publish
     append(spark, source, 1000)
-    assert night(spark, conf, tmp_path, "incremental")["mode_reason"] is None                 # 2. plain append
+    second = night(spark, conf, tmp_path, "incremental")                                      # 2. plain append
+    assert second["mode_reason"] is None
+    npz = pathlib.Path(second["applied"]["artifact"]) / "arrays.npz"                          # 2b. nothing new, but
+    npz.write_bytes(b"\0" * len(npz.read_bytes()))                                            # the artifact is corrupt
+    repaired = night(spark, conf, tmp_path, "full", "the transform was refitted")
+    assert repaired["serving_artifact"]["verified"] is False and "not a no-op" in repaired["reason"]
+    assert load_artifact(repaired["applied"]["artifact"]).transform_version == repaired["applied"]["transform_version"]
     append(spark, source, 1100, repeat=5)                                                     # 3. id 5 repeated
     third = night(spark, conf, tmp_path, "full", "input rows share an id")
     assert third["counts"]["invalid_by_reason"]["duplicate_id"] == 2 and 5 not in table(spark, str(tmp_path / "output"))
@@ -72,7 +81,10 @@ def test_seven_nights_end_equal_to_a_rebuild(spark, tmp_path):
     DeltaTable.forPath(spark, source).update("id = 30", {"vector": F.array(*[F.lit(1.0 + j) for j in range(D)])})
     code, out = finish(launch(conf, submit=True, FAIL_AFTER_STAGE="apply"))                  # 6. update, killed
     assert code == 137, out[-3000:]
+    runs = [json.loads(p.read_text()) for p in (tmp_path / "runs").iterdir()]
+    (killed,) = [r for r in runs if r["status"] == "started"]
     sixth = night(spark, conf, tmp_path, "full", "not all appends")
+    assert json.loads((tmp_path / "runs" / f"{killed['run_id']}.json").read_text())["status"] == "killed"
     assert np.allclose(table(spark, str(tmp_path / "output"))[30],
                        applied_to_current(spark, tmp_path, 30, sixth), atol=1e-12)
     append(spark, source, 1300)                                                               # 7. concurrent pair
@@ -99,7 +111,5 @@ def test_seven_nights_end_equal_to_a_rebuild(spark, tmp_path):
 
 def applied_to_current(spark, tmp_path, row_id, rec):
     """The published transform applied (in numpy, from its artifact) to the input's current vector of ``row_id``."""
-    from anisotropy_core.artifact import load_artifact
-
     vector = np.array(spark.read.format("delta").load(str(tmp_path / "input")).where(f"id = {row_id}").first()["vector"])
     return load_artifact(rec["applied"]["artifact"]).transform.apply(vector[None, :])[0]
