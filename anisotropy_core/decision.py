@@ -13,6 +13,8 @@ order and stops at the first that fires:
    a global centring would leave some cluster with an induced anisotropy ≥ ``induced_A_max`` (the seed's
    90/10 mixture: 0.448), or every cluster is flatter than the whole (``locally_isotropic``) while the whole
    has at least one eigenvalue above the Marchenko–Pastur edge → ``cluster_recenter`` with the clusters' ``k``.
+   When the diagnostics carry the mixture null (``mixture_p``, :mod:`anisotropy_core.mixture_evidence`) its p
+   must be ≤ ``artefact_alpha``: k-means splits one elongated population into offset, flatter clusters too.
    Checked first because a global ABTT on a mixture deletes the cluster label (chapter 7, failure one).
 2. **Artefact directions** (chapter 3, Step B; chapter 7). Principal directions above the Marchenko–Pastur
    edge that the artefact test flags *significant* (maxT-adjusted p < ``artefact_alpha`` and |Pearson| or
@@ -311,8 +313,14 @@ def _mixture(clusters: Mapping[str, Any] | None, t: DecisionThresholds, evidence
     induced = [r.get("induced_A_global_centring") for r in rows]
     worst = max((v for v in induced if v is not None), default=0.0)
     local = bool(clusters.get("locally_isotropic")) and above >= 1
-    evidence.update(clusters_locally_isotropic=bool(clusters.get("locally_isotropic")), worst_induced_A=worst)
+    p = clusters.get("mixture_p")
+    evidence.update(clusters_locally_isotropic=bool(clusters.get("locally_isotropic")), worst_induced_A=worst,
+                    mixture_p=p)
     if not (local or worst >= t.induced_A_max):
+        return None
+    if p is not None and p > t.artefact_alpha:
+        evidence["mixture_unverified"] = (f"k-means finds no more structure than in one Gaussian population of the "
+                                          f"same shape (mixture null p = {p:.2f} > {t.artefact_alpha})")
         return None
     why = "; ".join(["globally anisotropic, locally isotropic: every cluster has a smaller top-1 share and a "
                      "larger effective rank than the whole corpus"] * local + [

@@ -28,8 +28,14 @@ from anisotropy_core import storage
 from anisotropy_core.artefact_evidence import DEFAULT_DIRECTIONS, sample_artefact_test
 from anisotropy_core.decision import DecisionThresholds, recommend
 from anisotropy_core.diagnostics import Diagnosis, diagnose, plain_scalar
-from anisotropy_core.isotropy_measures import (isoscore_from_spectrum, partition_ratio, sampling_noise,
-                                               sign_structure_null, uniformity)
+from anisotropy_core.isotropy_measures import (
+    isoscore_from_spectrum,
+    partition_ratio,
+    sampling_noise,
+    sign_structure_null,
+    uniformity,
+)
+from anisotropy_core.mixture_evidence import mixture_check
 from anisotropy_core.report import CLUSTER_KEYS, cell_text, write_report_assets
 from anisotropy_spark.contract import require_schema
 from anisotropy_spark.diagnostics import drawn_or_sampled, pair_alignment
@@ -39,7 +45,13 @@ from anisotropy_spark.row_sample import RowSample
 from anisotropy_spark.session import get_spark
 from anisotropy_spark.table_files import table_files
 from jobs.cli import run
-from jobs.config import EvaluationConfig, InputSettings, VectorReader, config_hash, parse_args
+from jobs.config import (
+    EvaluationConfig,
+    InputSettings,
+    VectorReader,
+    config_hash,
+    parse_args,
+)
 from jobs.evaluation import evaluation_markdown, run_evaluation
 from jobs.stage_log import timed_stage
 
@@ -166,6 +178,9 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
     if config.cluster_k:
         with timed_stage(log, timings, "clusters") as info:
             per_cluster = per_cluster_table(valid, config, d, report.n)
+            if vectors_drawn.shape[0] >= 4 * config.cluster_k:     # the null of the mixture check, on the sample
+                null = mixture_check(vectors_drawn, config.cluster_k, config.cluster_distance_measure, config.seed)[1]
+                per_cluster.update(mixture_null=null["mixture_null"], mixture_p=null["mixture_p"])
             info["rows"] = state.n
     aligned = None
     if config.pairs:

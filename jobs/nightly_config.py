@@ -51,7 +51,7 @@ class NightlyConfig(InputSettings, OutputFiles):
     flow_hidden: int = 32
     flow_batch_size: int = 256
     flow_learning_rate: float = 1e-2
-    mixture_check: bool = False
+    mixture_check: bool = True
     seed: int = 0
     artefact_directions: int = 10
     decision: DecisionThresholds = dataclasses.field(default_factory=DecisionThresholds)
@@ -121,7 +121,7 @@ def check_against_data(config: NightlyConfig, n: int, d: int, method: str) -> No
         problems.append(f"abtt_D={config.abtt_D} must be < d={d} and < n={n}")
     if config.whitening_k is not None and config.whitening_k > d:
         problems.append(f"whitening_k={config.whitening_k} exceeds the dimension d={d}")
-    if (method == "cluster_recenter" or config.mixture_check) and config.cluster_k > n:
+    if method == "cluster_recenter" and config.cluster_k > n:
         problems.append(f"cluster_k={config.cluster_k} exceeds the number of valid rows n={n}")
     if problems:
         raise ConfigError(f"{config.input}: " + "; ".join(problems))

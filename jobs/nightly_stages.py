@@ -10,24 +10,39 @@ import dataclasses
 import logging
 from typing import Any
 
+import numpy as np
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from anisotropy_core.artifact import ArtifactError, load_artifact
 from anisotropy_core.candidates import PUBLISHED, refuse_explicit
-from anisotropy_core.clustering import ClusterRecenter, cluster_diagnostics
+from anisotropy_core.clustering import ClusterRecenter
 from anisotropy_core.decision import Recommendation, recommend
-from anisotropy_core.diagnostics import Diagnosis, diagnose as diagnose_moments
+from anisotropy_core.diagnostics import Diagnosis
+from anisotropy_core.diagnostics import diagnose as diagnose_moments
+from anisotropy_core.mixture_evidence import mixture_check
 from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import FittedTransform
 from anisotropy_spark.contract import TransformRowError, require_schema
 from anisotropy_spark.diagnostics import diagnose_dataframe, drawn_or_sampled
 from anisotropy_spark.estimators import CorrectionModel
-from anisotropy_spark.io import TableRef, ValidatedInput, as_vector_array, read_table, validate
-from anisotropy_spark.kmeans import fit_cluster_recenter
+from anisotropy_spark.io import (
+    TableRef,
+    ValidatedInput,
+    as_vector_array,
+    read_table,
+    validate,
+)
+from anisotropy_spark.kmeans import cluster_moments_pass
 from anisotropy_spark.output_files import file_count, scan_bytes
-from anisotropy_spark.publish import OutputState, PublishTarget, only_appends, output_state, publish
+from anisotropy_spark.publish import (
+    OutputState,
+    PublishTarget,
+    only_appends,
+    output_state,
+    publish,
+)
 from anisotropy_spark.quarantine import DUPLICATE_ID
 from anisotropy_spark.row_sample import RowSample
 from anisotropy_spark.table_files import table_files
@@ -36,8 +51,17 @@ from jobs import evaluation
 from jobs.apply import VERSION_COLUMN
 from jobs.config import ConfigError
 from jobs.diagnose import artefact_of_sample, sampled_columns
-from jobs.fit_or_reuse import (candidate_fit, fit_model, fit_params, mark_rejected, model_from, model_of, reusable,
-                               save_fit, serving_artifact)
+from jobs.fit_or_reuse import (
+    candidate_fit,
+    fit_model,
+    fit_params,
+    mark_rejected,
+    model_from,
+    model_of,
+    reusable,
+    save_fit,
+    serving_artifact,
+)
 from jobs.gate import GateError, gate
 from jobs.nightly_config import NightlyConfig, check_against_data
 from jobs.run_records import json_safe
@@ -64,6 +88,7 @@ class NightlyContext:
     report: Diagnosis | None = None
     artefact: dict | None = None
     clusters: dict | None = None
+    sample_centroids: np.ndarray | None = None
     cluster_recenter: ClusterRecenter | None = None
     recommendation: Recommendation | None = None
     evaluation: dict | None = None
@@ -147,11 +172,12 @@ def validate_input(ctx: NightlyContext, info: dict) -> None:
     files, planned = table_files(ctx.spark, ctx.input_df, ctx.ref.path, ctx.ref.format, config.vector_col, total,
                                  config.vector_reader)
     columns = sampled_columns(config)
+    drawn = RowSample(config.sample_size, total, columns=tuple(columns)) if columns or config.mixture_check else None
     ctx.checked = validate(as_vector_array(ctx.input_df, config.vector_col), config.vector_col, config.id_col,
                            config.dimension, config.on_invalid, config.quarantine_path,
                            run_id=ctx.record["run_id"], input_version=ctx.ref.version, with_moments=True, files=files,
                            max_norm_ratio=config.max_norm_ratio,
-                           sample=RowSample(config.sample_size, total, columns=tuple(columns)) if columns else None)
+                           sample=drawn)
     ctx.valid, ctx.moments = ctx.checked.valid, ctx.checked.moments
     info["rows"], info["reader"] = ctx.moments.n + ctx.checked.invalid_count, ctx.checked.reader if files else planned
     ctx.record["counts"].update(invalid_rows=ctx.checked.invalid_count,
@@ -159,28 +185,48 @@ def validate_input(ctx: NightlyContext, info: dict) -> None:
 
 
 def diagnose(ctx: NightlyContext, info: dict) -> None:
-    """The diagnosis of the validation pass's moments + (with metadata or label columns) the per-direction artefact
-    test on the sample that pass drew (a sample pass of its own only when it could not: duplicated ids); with
-    ``mixture_check``, k-means, the per-cluster diagnostics and (from the same pass) the cluster_recenter candidate."""
+    """The diagnosis of the validation pass's moments and, on the uniform sample that pass drew (a sample pass of its
+    own only when it could not: duplicated ids): with metadata or label columns the per-direction artefact test;
+    with ``mixture_check`` (on by default) k-means of the sample, its per-cluster diagnostics and their null, which
+    feed the decision's mixture branch (:func:`anisotropy_core.mixture_evidence.mixture_check`: no pass over the
+    table)."""
     config, rec, d = ctx.config, ctx.record, ctx.checked.dimension
     ctx.report = diagnose_moments(ctx.moments)
     columns = sampled_columns(config)
-    if columns:
-        (vectors, values), info["sample_source"] = drawn_or_sampled(ctx.checked.drawn, ctx.valid, config.vector_col, d,
-                                                                    columns, config.sample_size, ctx.report.n)
-        ctx.artefact = artefact_of_sample(vectors, values, ctx.report, config.metadata_cols, config.label_col,
-                                          config.artefact_directions, config.decision, config.seed)
-        info["sample_rows"] = int(vectors.shape[0])
     info["rows"] = ctx.report.n
     rec["counts"]["valid_rows"] = ctx.report.n
-    rec["input_metrics"], rec["artefact"] = ctx.report.scalars(), ctx.artefact
+    rec["input_metrics"] = ctx.report.scalars()
     check_against_data(config, ctx.report.n, d, config.method)
-    if config.mixture_check:
-        ctx.cluster_recenter, states = fit_cluster_recenter(ctx.valid, config.vector_col, d, config.cluster_k,
-                                                            config.cluster_D, config.cluster_distance_measure,
-                                                            config.seed, task_memory=config.cluster_task_memory)
-        ctx.clusters = cluster_diagnostics(states)
-        rec["clusters"] = {k: ctx.clusters[k] for k in ("locally_isotropic", "clusters")}
+    if columns or config.mixture_check:
+        (vectors, values), info["sample_source"] = drawn_or_sampled(ctx.checked.drawn, ctx.valid, config.vector_col, d,
+                                                                    columns, config.sample_size, ctx.report.n)
+        info["sample_rows"] = int(vectors.shape[0])
+    if columns:
+        ctx.artefact = artefact_of_sample(vectors, values, ctx.report, config.metadata_cols, config.label_col,
+                                          config.artefact_directions, config.decision, config.seed)
+    rec["artefact"] = ctx.artefact
+    if config.mixture_check and vectors.shape[0] < 4 * config.cluster_k:
+        rec["clusters"] = {"skipped": f"mixture check: {vectors.shape[0]} sampled rows < 4 · cluster_k"}
+    elif config.mixture_check:
+        ctx.sample_centroids, ctx.clusters = mixture_check(vectors, config.cluster_k, config.cluster_distance_measure,
+                                                           config.seed)
+        rec["clusters"] = {"source": f"k-means of the {vectors.shape[0]}-row sample",
+                           **{key: ctx.clusters[key] for key in ("locally_isotropic", "clusters", "mixture_null")}}
+
+
+def fit_cluster_candidate(ctx: NightlyContext) -> None:
+    """When the decision recommends cluster recentering on the sample's clusters: the full fit, ONE pass over the
+    valid rows for the per-cluster moments of the sample's centroids (no k-means over the table); it is the
+    cluster_recenter evaluation candidate and, applied label-free, the transform published."""
+    config = ctx.config
+    centroids = ctx.sample_centroids
+    states = cluster_moments_pass(as_vector_array(ctx.valid.select(config.vector_col), config.vector_col),
+                                  config.vector_col, ctx.report.d, centroids, config.cluster_distance_measure)
+    ctx.cluster_recenter = ClusterRecenter.from_moments(centroids, states, config.cluster_D,
+                                                        config.cluster_distance_measure,
+                                                        {"kmeans": "faiss, on the mixture check's sample"})
+    if ctx.method == "cluster_recenter" and config.method == "auto":
+        ctx.chosen_transform = ctx.cluster_recenter
 
 
 def decide(ctx: NightlyContext, info: dict) -> None:
@@ -195,6 +241,8 @@ def decide(ctx: NightlyContext, info: dict) -> None:
     log.info("decision: recommend %s (%s); applying %s", recommendation.method,
              "; ".join(recommendation.reasons), ctx.method)
     check_against_data(ctx.config, ctx.report.n, ctx.report.d, ctx.method)
+    if recommendation.method == "cluster_recenter" and ctx.sample_centroids is not None:
+        fit_cluster_candidate(ctx)
 
 
 def evaluate(ctx: NightlyContext, info: dict) -> None:

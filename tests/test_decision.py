@@ -265,3 +265,27 @@ def test_chapter7_ninety_ten_mixture_is_recentred_per_cluster():
     assert rec.method == "cluster_recenter" and rec.k == 2 and rec.verified
     assert rec.evidence["worst_induced_A"] == pytest.approx(0.81 / 1.81, abs=0.02)
     assert "induced anisotropy 0.44" in rec.reasons[0] or "induced anisotropy 0.45" in rec.reasons[0]
+
+
+def test_mixture_check_has_a_null_one_elongated_population_is_no_mixture():
+    """issue 43: k-means splits one elongated blob into offset, flatter clusters (induced A and 'locally isotropic'
+    both fire), so the sample's mixture check carries a null: the within-cluster share of a Gaussian population of
+    the same shape. The seed's 90/10 mixture (means 1 apart, residuals of norm 1) beats every reference (p = 0.05);
+    one pencil-shaped population does not, and is not recentred per cluster."""
+    from anisotropy_core.mixture_evidence import mixture_check
+
+    blob = pencil(1500, 8, length=2.0, seed=1) + 4.0
+    _, clusters = mixture_check(blob, 8)
+    assert clusters["locally_isotropic"] or max(r["induced_A_global_centring"] or 0 for r in clusters["clusters"]) >= 0.2
+    assert clusters["mixture_p"] > 0.05
+    rec = recommend(diagnose(blob), clusters)
+    assert rec.method != "cluster_recenter" and "mixture null p" in rec.evidence["mixture_unverified"]
+
+    rng = np.random.default_rng(2)
+    minority = rng.random(1500) < 0.1
+    X = rng.normal(size=(1500, 64))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    X[minority, 0] += 1.0
+    _, clusters = mixture_check(X, 2)
+    assert clusters["mixture_p"] == pytest.approx(0.05)
+    assert recommend(diagnose(X), clusters).method == "cluster_recenter"
