@@ -1,6 +1,6 @@
 """The ``anisotropy`` console script: one command, a subcommand per job; and the exit codes every job shares.
 
-    anisotropy diagnose|fit|apply|nightly|demo --conf FILE [--key-name VALUE ...] [--verbose]
+    anisotropy diagnose|fit|apply|nightly|demo|index --conf FILE [--key-name VALUE ...] [--verbose]
 
 Each subcommand is that job's own ``main`` (``python -m jobs.<job>`` and ``spark-submit jobs/<job>.py`` run
 the same code through :func:`run`); ``anisotropy <job> --help`` lists its flags.
@@ -78,6 +78,7 @@ JOBS = {
     "apply": "write a corrected copy of a table with a saved artifact",
     "nightly": "diagnose, decide, fit or reuse, apply, gate and publish in one run",
     "demo": "the whole pipeline on the bundled corpus",
+    "index": "build, verify and swap in the faiss index of a table version",
 }
 
 
