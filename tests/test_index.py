@@ -142,8 +142,9 @@ def table(spark, tmp_path_factory):
     """A small Delta table (id, vector array<float>) in 3 partitions, and its matrix."""
     path = str(tmp_path_factory.mktemp("index") / "corpus")
     X = corpus().astype(np.float32)
-    rows = [(int(i), [float(v) for v in X[i]]) for i in range(N)]
-    spark.createDataFrame(rows, "id long, vector array<float>").repartition(3).write.format("delta").save(path)
+    rows = [(int(i), [float(v) for v in X[i]], f"sentence {i}") for i in range(N)]
+    spark.createDataFrame(rows, "id long, vector array<float>, sentence string").repartition(3) \
+        .write.format("delta").save(path)
     return path, X.astype(np.float64)
 
 
@@ -214,6 +215,18 @@ def test_stage_builds_verifies_and_swaps(spark, table, first_index):
     ids, _ = searcher.search(queries.vectors, k=11)
     found = np.array([[i for i in row if i != q][:10] for q, row in zip(queries.ids, ids)])
     assert core.recall_against(found, exact) == pytest.approx(verification["recall@10"])
+
+
+def test_search_printout_names_the_nearest_rows(spark, table, first_index):
+    from jobs.index import search_printout
+    path, X = table
+    searcher = core.Searcher.load(str(first_index[0]))
+    text = search_printout(spark, searcher, path, query_id=7, k=3)
+    ids, scores = searcher.search(X[7], k=4)
+    hits = [(i, s) for i, s in zip(ids[0], scores[0]) if i != 7][:3]
+    assert text.splitlines()[0] == "## Search: 'sentence 7' (id 7)"
+    assert f"recall@10 against exact search {first_index[1]['verification']['recall@10']:.3f}" in text
+    assert text.splitlines()[-3:] == [f"{r}. id {i}  cosine {s:.3f}  sentence {i}" for r, (i, s) in enumerate(hits, 1)]
 
 
 def test_failed_verification_leaves_current_on_the_old_index(spark, table, first_index, tmp_path):
