@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import pathlib
 import subprocess
 import tempfile
@@ -145,12 +146,14 @@ def record(summary: dict) -> None:
         recall = {name: r["quality"][name]["recall@10"] for name in best}
         figures.append(f"{factory}: ours {best['ours']:.2f} s vs faiss {best['faiss']:.2f} s = **{r['ratio']:.2f}×** "
                        f"({'met' if r['ratio'] <= 1.5 else 'not met'}); recall@10 at nprobe 8/16/32 ours "
-                       + "/".join(f"{recall['ours'][p]:.3f}" for p in NPROBES) + ", faiss "
-                       + "/".join(f"{recall['faiss'][p]:.3f}" for p in NPROBES) + "; imbalance ours "
+                       + "/".join(f"{v:.3f}" for v in recall['ours'].values()) + ", faiss "
+                       + "/".join(f"{v:.3f}" for v in recall['faiss'].values()) + "; imbalance ours "
                        f"{r['quality']['ours']['imbalance_factor']:.3f}, faiss "
                        f"{r['quality']['faiss']['imbalance_factor']:.3f}")
+    load = os.getloadavg()[0]
     body["rows"].append({"conditions": f"index build ({now:%Y-%m-%d %H:%M} UTC, {commit}, {summary['master']}, "
-                                       f"train {summary['train_size']:,} rows)",
+                                       f"train {summary['train_size']:,} rows; load average {load:.1f} on "
+                                       f"{os.cpu_count()} cores at the end)",
                          "corpus": f"{summary['rows']:,} × {summary['dim']} float32",
                          "figures": "; ".join(figures), "dates": [f"{now:%Y-%m-%d}"], "commits": [commit]})
     RESULTS.write_text(json.dumps(body, indent=1) + "\n")

@@ -123,11 +123,14 @@ def samples(table: Table, settings: IndexSettings) -> tuple[Sample, Sample]:
     return drawn, Sample(drawn.vectors[pick], drawn.ids[pick])
 
 
-def build_and_swap(spark: SparkSession, settings: IndexSettings, path: str, version: int | None,
-                   artifact_path: str | None, quality_input: tuple[str, int | None] | None = None) -> dict:
-    """Build the index of ``path`` at ``version``, verify it and move ``CURRENT`` to it when it passes. Returns the
-    run record: ``status`` ``published`` or ``refused`` (with ``reason``; ``CURRENT`` unchanged), the index
-    version, the previous one, the verification and, with ``quality_input``, the raw-against-corrected measures."""
+def index_stage(spark: SparkSession, settings: IndexSettings, path: str, version: int | None,
+                artifact_path: str | None, raw_table: tuple[str, int | None] | None = None) -> dict:
+    """Build the index of ``path`` at ``version`` (the nightly's ``index`` stage after publish: the published table
+    and version, and the artifact it was corrected with), verify it and move ``CURRENT`` to it when it passes.
+    ``raw_table`` (path, version): the raw table the corrected one came from, for the raw-against-corrected
+    measures (ignored without an artifact: raw and corrected are then one space). Returns the run record:
+    ``status`` ``published`` or ``refused`` (with ``reason``; ``CURRENT`` unchanged), the index version, the
+    previous one, the verification and, with ``raw_table``, ``quality``."""
     started = time.perf_counter()
     artifact: Artifact | None = load_artifact(artifact_path) if artifact_path else None
     table = valid_table(spark, path, version, settings)
@@ -145,8 +148,8 @@ def build_and_swap(spark: SparkSession, settings: IndexSettings, path: str, vers
     record = {"index_dir": settings.index_dir, "previous_version": previous, "factory": factory,
               "n": int(index.ntotal), "d": int(index.d), "built_from": table.ref,
               "transform_version": artifact.transform_version if artifact else None, "verification": verification}
-    if quality_input is not None and artifact is not None:
-        raw = valid_table(spark, quality_input[0], quality_input[1], settings, artifact.transform.d_in)
+    if raw_table is not None and artifact is not None:
+        raw = valid_table(spark, raw_table[0], raw_table[1], settings, artifact.transform.d_in)
         raw_train, raw_queries = samples(raw, settings)
         record["quality"] = space_quality(raw.rows, settings.vector_col, settings.id_col, raw.dimension, factory,
                                           verification["nprobe"], artifact.transform, settings.index_dir,
@@ -162,19 +165,10 @@ def build_and_swap(spark: SparkSession, settings: IndexSettings, path: str, vers
     return {**record, "status": "published", "index_version": version_name, "seconds": time.perf_counter() - started}
 
 
-def index_stage(spark: SparkSession, settings: IndexSettings, table_path: str, version: int | None,
-                artifact_path: str | None, raw_table: tuple[str, int | None] | None = None) -> dict:
-    """The nightly's ``index`` stage after publish: :func:`build_and_swap` of the published ``table_path`` at
-    ``version`` with the transform artifact it was corrected with; ``raw_table`` (path, version): the nightly's
-    input, for the raw-against-corrected measures. Returns the stage's record (``status`` ``published`` or
-    ``refused`` with its ``reason``)."""
-    return build_and_swap(spark, settings, table_path, version, artifact_path, raw_table)
-
-
 def run_index(spark: SparkSession, config: IndexConfig) -> dict:
-    """Run the index job; returns its record (see :func:`build_and_swap`)."""
+    """Run the index job; returns its record (see :func:`index_stage`)."""
     quality = (config.quality_input, config.quality_input_version) if config.quality_input else None
-    return build_and_swap(spark, config, config.input, config.input_version, config.artifact, quality)
+    return index_stage(spark, config, config.input, config.input_version, config.artifact, quality)
 
 
 def search_printout(spark: SparkSession, searcher: core.Searcher, corpus_table: str, query_id: int, k: int = 5,
