@@ -13,6 +13,7 @@ setup(
         "pandas>=2.0",
         "PyYAML>=6",
         "matplotlib>=3.8",
+        "faiss-cpu>=1.8",
     ],
     extras_require={
         "spark": ["pyspark>=4.0,<4.1", "delta-spark>=4.0,<4.1"],

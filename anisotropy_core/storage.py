@@ -98,3 +98,10 @@ def write_atomic(path: str, payload: bytes | str) -> None:
     with filesystem.open_output_stream(temporary) as stream:
         stream.write(data)
     filesystem.move(temporary, inner)
+
+
+def remove_tree(path: str) -> None:
+    """Delete the directory ``path`` and everything under it; nothing happens when it does not exist."""
+    filesystem, inner = resolve(path)
+    if filesystem.get_file_info(inner).type != pafs.FileType.NotFound:
+        filesystem.delete_dir(inner)

@@ -1,6 +1,6 @@
 """The ``anisotropy`` console script: one command, a subcommand per job; and the exit codes every job shares.
 
-    anisotropy diagnose|fit|apply|nightly|vacuum|demo --conf FILE [--key-name VALUE ...] [--verbose]
+    anisotropy diagnose|fit|apply|nightly|vacuum|index|demo --conf FILE [--key-name VALUE ...] [--verbose]
 
 Each subcommand is that job's own ``main`` (``python -m jobs.<job>`` and ``spark-submit jobs/<job>.py`` run
 the same code through :func:`run`); ``anisotropy <job> --help`` lists its flags.
@@ -93,6 +93,7 @@ JOBS = {
     "nightly": "diagnose, decide, fit or reuse, apply, gate and publish in one run",
     "vacuum": "delete the data files the nightly's Delta tables no longer reference (Delta VACUUM)",
     "demo": "the whole pipeline on the bundled corpus",
+    "index": "build, verify and swap in the faiss index of a table version",
 }
 
 
