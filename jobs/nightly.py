@@ -31,9 +31,9 @@ from anisotropy_spark.session import get_spark
 from jobs import nightly_stages
 from jobs.cli import EXIT, classify, describe, run
 from jobs.config import ConfigError, parse_args
+from jobs.gate import GateError
 from jobs.nightly_config import NightlyConfig
 from jobs.nightly_stages import NightlyContext
-from jobs.gate import GateError
 from jobs.run_records import new_record, start_record, write_record
 from jobs.stage_log import timed_stage
 
@@ -86,14 +86,10 @@ def parse_cli(argv: list[str] | None) -> tuple[NightlyConfig, int | None]:
     return config, known.rollback_to
 
 
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    try:
-        config, rollback_to = parse_cli(argv)
-    except ConfigError as exc:
-        log.error("config error: %s", exc)
-        return EXIT["config_error"]
-    spark = get_spark("anisotropy-nightly", master=config.master)
+def run_recorded(spark: SparkSession, config: NightlyConfig, rollback_to: int | None = None) -> tuple[dict, int]:
+    """One nightly run (or a rollback) with its run records, as ``anisotropy nightly`` runs it: a ``started`` record
+    first, the final record at the end (also of a refused or failed run). Returns (the record, the exit code);
+    an unexpected error is re-raised after its ``failed`` record is written."""
     ctx = NightlyContext(spark, config, new_record(config))
     start_record(spark, config, ctx.record)
     try:
@@ -109,8 +105,20 @@ def main(argv: list[str] | None = None) -> int:
     ctx.record["status"] = status
     write_record(spark, config, ctx.record)
     (log.info if EXIT[status] == 0 else log.error)("nightly %s: %s", status, ctx.record["reason"] or "")
-    print(json.dumps({k: ctx.record[k] for k in ("run_id", "status", "mode", "reason", "input", "output")}, default=str))
-    return EXIT[status]
+    return ctx.record, EXIT[status]
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        config, rollback_to = parse_cli(argv)
+    except ConfigError as exc:
+        log.error("config error: %s", exc)
+        return EXIT["config_error"]
+    spark = get_spark("anisotropy-nightly", master=config.master)
+    record, code = run_recorded(spark, config, rollback_to)
+    print(json.dumps({k: record[k] for k in ("run_id", "status", "mode", "reason", "input", "output")}, default=str))
+    return code
 
 
 if __name__ == "__main__":

@@ -14,8 +14,16 @@ from typing import Literal
 from anisotropy_core.decision import DecisionThresholds
 from anisotropy_core.diagnostics import Diagnosis
 from jobs.apply import VERSION_COLUMN
-from jobs.config import (ConfigError, EvaluationConfig, InputSettings, OutputFiles, VectorReader, config_hash,
-                         flow_problems)
+from jobs.config import (
+    ConfigError,
+    EvaluationConfig,
+    InputSettings,
+    OutputFiles,
+    VectorReader,
+    config_hash,
+    flow_problems,
+)
+from jobs.index import IndexSettings
 
 # the scalar numbers of anisotropy_core.diagnose (what drift thresholds and output bounds may name)
 CORE_METRICS = Diagnosis.scalar_names()
@@ -59,6 +67,7 @@ class NightlyConfig(InputSettings, OutputFiles):
     min_neighbour_overlap: float = 0.25
     neighbour_sample: int = 200
     neighbour_k: int = 10
+    index: IndexSettings | None = None
     refit: Literal["always", "on_drift"] = "on_drift"
     drift: dict[str, float] = dataclasses.field(default_factory=lambda: {
         "offset_ratio": 0.05, "anisotropy_A": 0.05, "top1_var": 0.05, "erank_frac": 0.05})
@@ -130,7 +139,7 @@ def check_against_data(config: NightlyConfig, n: int, d: int, method: str) -> No
 # settings that say where things go or how a run is gated, not what the published vectors are
 NON_CONTENT_KEYS = ("master", "runs_dir", "runs_table", "artifacts_dir", "quarantine_path", "app_id", "output_bounds",
                     "min_neighbour_overlap", "neighbour_sample", "neighbour_k",
-                    "stale_run_hours", "target_file_mb")
+                    "stale_run_hours", "target_file_mb", "index")
 
 
 def nightly_config_hash(config: NightlyConfig) -> str:

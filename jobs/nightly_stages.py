@@ -1,7 +1,7 @@
 """The stages of the nightly job. Each is a function of the one :class:`NightlyContext`, reading what earlier
 stages left there and adding its own results; :mod:`jobs.nightly` runs them in order.
 
-read → validate → diagnose → decide → evaluate → fit (or reuse) → apply → diagnose_output → gate → publish.
+read → validate → diagnose → decide → evaluate → fit (or reuse) → apply → diagnose_output → gate → publish → index.
 """
 from __future__ import annotations
 
@@ -63,6 +63,7 @@ from jobs.fit_or_reuse import (
     serving_artifact,
 )
 from jobs.gate import GateError, gate
+from jobs.index import index_stage
 from jobs.nightly_config import NightlyConfig, check_against_data
 from jobs.run_records import json_safe
 
@@ -501,6 +502,21 @@ def publish_output(ctx: NightlyContext, info: dict) -> None:
     rec["status"] = "published"
 
 
+def build_index(ctx: NightlyContext, info: dict) -> None:
+    """With an ``index:`` block, after a publish: build, verify and swap in the faiss index of the version just
+    published (:func:`jobs.index.index_stage`; a refused verification leaves ``CURRENT`` on the previous index and
+    the record says why). Recorded as ``index``."""
+    config, rec = ctx.config, ctx.record
+    if config.index is None or rec["status"] != "published":
+        return
+    settings = dataclasses.replace(config.index, vector_col=config.out_col, id_col=config.id_col)
+    rec["index"] = index_stage(ctx.spark, settings, config.output, rec["output"]["version"], rec["applied"]["artifact"],
+                               raw_table=(config.input, ctx.ref.version))
+    info["rows"] = rec["counts"].get("output_rows", 0)
+    (log.info if rec["index"]["status"] == "published" else log.warning)("index: %s", rec["index"].get("reason", ""))
+
+
 STAGES = (("read", read), ("validate", validate_input), ("diagnose", diagnose), ("decide", decide),
           ("evaluate", evaluate), ("fit", fit),
-          ("apply", apply), ("diagnose_output", diagnose_output), ("gate", gate_output), ("publish", publish_output))
+          ("apply", apply), ("diagnose_output", diagnose_output), ("gate", gate_output), ("publish", publish_output),
+          ("index", build_index))
