@@ -242,6 +242,16 @@ def cell_text(value) -> str:
     return str(value)
 
 
+def _applied_html(applied: Mapping | None) -> str:
+    """The opening section when a run applied a correction: its headline (method, Δ ± CI against raw, neighbour
+    overlap) and notes (e.g. why the verdict, the evaluation and the run differ)."""
+    if not applied:
+        return ""
+    notes = "".join(f"<li>{html.escape(note)}</li>" for note in applied.get("notes", []))
+    return (f'<section id="applied"><h2>Applied</h2><p class="headline"><strong>{html.escape(applied["headline"])}'
+            f'</strong></p>' + (f'<ul class="notes">{notes}</ul>' if notes else "") + "</section>")
+
+
 def _verdict_html(verdict: Mapping | None, evaluation: Mapping | None) -> str:
     """The opening section: recommended method, its reasons and warnings, and the candidate table."""
     if not verdict and not evaluation:
@@ -287,8 +297,10 @@ def _clusters_html(clusters: Mapping | None) -> str:
 
 def html_report(report: Mapping, images: Mapping[str, bytes], title: str = "Anisotropy report",
                 meanings: Mapping[str, str] | None = None, verdict: Mapping | None = None,
-                evaluation: Mapping | None = None, clusters: Mapping | None = None) -> str:
-    """One self-contained HTML page, in reading order: the verdict (``verdict``: a recommendation dict with
+                evaluation: Mapping | None = None, clusters: Mapping | None = None,
+                applied: Mapping | None = None) -> str:
+    """One self-contained HTML page, in reading order: what was applied (``applied``: ``{"headline": text,
+    "notes": [text…]}``, when a run applied a correction), the verdict (``verdict``: a recommendation dict with
     method, D, directions, k, reasons, warnings; ``evaluation``: ``{"candidates": {name: {metric: value}},
     "chosen", "metric"}``), the report's scalar numbers with their ``meanings`` ({name: text}), the per-cluster
     table (``clusters``: a cluster-diagnostics dict) and each PNG of ``images`` ({caption: PNG bytes})
@@ -307,6 +319,7 @@ table{{border-collapse:collapse}}th,td{{padding:2px 10px;border-bottom:1px solid
 td{{font-family:monospace}}td.meaning{{font-family:sans-serif;color:#555}}tr.chosen{{background:#eaf2f8}}
 img{{max-width:100%}}figure{{margin:1.5em 0}}</style></head>
 <body><h1>{html.escape(title)}</h1>
+{_applied_html(applied)}
 {_verdict_html(verdict, evaluation)}
 <section id="numbers"><h2>Numbers</h2><table id="metrics">
 <tr><th>number</th><td>value</td><td class="meaning">meaning</td></tr>

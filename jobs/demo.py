@@ -1,38 +1,42 @@
 """The demo: the whole product on the bundled corpus, with the embedded default (local Spark + local Delta).
 
-    anisotropy demo --conf conf/demo.yaml [--method abtt|whitening|center|cluster_recenter|abtt_pca_abtt|flow]
-    python -m jobs.demo --conf conf/demo.yaml ...
+    anisotropy demo --conf conf/demo.yaml
+    python -m jobs.demo --conf conf/demo.yaml
 
-1. loads ``data/demo_corpus.parquet`` (real all-MiniLM-L6-v2 sentence embeddings, one layer) into a
-   Delta table, once;
-2. diagnoses it (the diagnosis job's report, printed) with a labelled retrieval evaluation: every sentence is a
-   query, its relevant documents are the other sentences of the same textbook chapter (:func:`chapter_queries`),
-   and each candidate correction is scored by recall@10 / nDCG@10 — the before/after table is printed;
-3. fits the configured correction and writes the corrected Delta table (the fit and apply jobs);
-4. diagnoses the corrected table and prints before/after side by side;
-5. runs the nightly rebuild twice on the same corpus version: the first publishes, the second is a no-op.
+1. loads ``data/demo_corpus.parquet`` (real all-MiniLM-L6-v2 sentence embeddings, one layer) into a Delta table,
+   once, and writes its labelled query set: every sentence is a query, its relevant documents are the other
+   sentences of the same textbook chapter (:func:`chapter_queries`);
+2. diagnoses it (the diagnosis job) with the evaluation block on: the candidate grid scored on held-out folds of
+   those queries, each candidate with the 95 % interval of its Δ against raw;
+3. runs the nightly twice with the same evaluation block, exactly as ``anisotropy nightly`` runs (run records in
+   the config's ``runs_dir``): the first night publishes what the evidence supports and builds, verifies and swaps
+   in the faiss index of that version; the second is a no-op;
+4. diagnoses the published table (before / after), and writes the corpus report opening with what was applied,
+   its Δ ± CI against raw and its neighbour overlap, and why the verdict, the evaluation and the nightly differ
+   when they do;
+5. prints the same, and ends with a search of one textbook sentence through the index (transform + faiss).
 """
 from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Literal
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from anisotropy_core import storage
+from anisotropy_core.index import Searcher
 from anisotropy_spark.io import is_delta_table
 from anisotropy_spark.publish import output_state
 from anisotropy_spark.session import get_spark
-from jobs import apply as apply_job
 from jobs import diagnose as diagnose_job
-from jobs import fit as fit_job
 from jobs import nightly as nightly_job
 from jobs.cli import run
 from jobs.config import load, parse_args
 from jobs.evaluation import evaluation_markdown
+from jobs.index import search_printout
 from jobs.nightly_config import NightlyConfig
+from jobs.run_records import applied_summary, applied_text
 
 COMPARED = ["n", "d", "offset_ratio", "anisotropy_A", "top1_var", "top10_var", "effective_rank",
             "mp_above_upper", "power_law_alpha"]
@@ -45,14 +49,12 @@ class DemoConfig:
     corpus_parquet: str = "data/demo_corpus.parquet"
     layer: int = 3
     corpus_table: str = "out/demo/corpus"
-    corrected_table: str = "out/demo/corrected"
     queries_table: str = "out/demo/chapter_queries"
     evaluation_k: int = 10
     diagnose_conf: str = "conf/diagnose.yaml"
-    fit_conf: str = "conf/fit.yaml"
-    apply_conf: str = "conf/apply.yaml"
     nightly_conf: str = "conf/nightly.yaml"
-    method: Literal["center", "abtt", "whitening", "cluster_recenter", "abtt_pca_abtt", "flow"] = "abtt"
+    index_dir: str = "out/nightly/index"
+    search_sentence: int = 1
     master: str | None = None
 
 
@@ -107,44 +109,64 @@ def side_by_side(before: dict, after: dict) -> str:
     return "\n".join(lines)
 
 
+def agreement(diagnosis: dict, night: dict) -> list[str]:
+    """Whether the diagnosis verdict, the diagnosis's evaluation and the published night agree, and if not why."""
+    verdict = diagnosis["recommendation"]
+    chosen = (diagnosis["evaluation"] or {}).get("chosen")
+    applied = applied_summary(night)
+    applied_name = applied["candidate"] or applied["method"]
+    if verdict["method"] == applied["method"] and chosen in (None, applied_name):
+        return [f"the diagnosis verdict, the evaluation and the nightly agree: {applied_name}"]
+    notes = [f"the label-free verdict is {verdict['method']}"
+             + (" (unverified: without artefact evidence it deletes and whitens nothing; the held-out evaluation "
+                "decides)" if not verdict.get("verified") else " (on significant artefact evidence)")]
+    if chosen is not None:
+        notes.append(f"the diagnosis's held-out evaluation chose {chosen}: "
+                     + diagnosis["evaluation"]["decision"]["reason"])
+    notes.append(f"the nightly applied {applied_name}: {applied['reason']}")
+    if chosen is not None and chosen != applied_name:
+        notes.append("the nightly also scores the published transform and leaves out candidates below "
+                     "min_neighbour_overlap, so its choice can differ from the diagnosis's")
+    return notes
+
+
 def main(argv: list[str] | None = None) -> int:
     config, _ = parse_args(DemoConfig, argv, "Run the whole pipeline on the bundled demo corpus")
     spark = get_spark("anisotropy-demo", master=config.master)
     load_corpus(spark, config)
-
     chapter_queries(spark, config)
-    diagnosis = load(diagnose_job.DiagnoseConfig, config.diagnose_conf, {
-        "input": config.corpus_table,
-        "evaluation": {"queries": config.queries_table, "exclude_self": True, "k": config.evaluation_k}})
+    evaluation = {"queries": config.queries_table, "exclude_self": True, "k": config.evaluation_k}
+
+    diagnosis = load(diagnose_job.DiagnoseConfig, config.diagnose_conf,
+                     {"input": config.corpus_table, "evaluation": evaluation})
     before = diagnose_job.run_diagnosis(spark, diagnosis)
-    print(diagnose_job.write_outputs(spark, diagnosis, before))
-    print("\n## Retrieval before / after each candidate: same-chapter neighbours of every sentence "
-          f"(recall@{config.evaluation_k}, nDCG@{config.evaluation_k}; 'none' = raw vectors)\n\n"
-          + evaluation_markdown(before["evaluation"]))
 
-    fit = load(fit_job.FitConfig, config.fit_conf, {"input": config.corpus_table, "method": config.method})
-    manifest = fit_job.run_fit(spark, fit)
-    print(f"fitted {manifest['method']} {manifest['params']} → artifact {fit.artifact} "
-          f"(transform_version {manifest['transform_version']})")
+    nightly = load(NightlyConfig, config.nightly_conf, {"input": config.corpus_table, "evaluation": evaluation,
+                                                        "index": {"index_dir": config.index_dir}})
+    nights = [nightly_job.run_recorded(spark, nightly)[0] for _ in (1, 2)]
+    published = next((night for night in nights if night["status"] == "published"), nights[0])
 
-    apply = load(apply_job.ApplyConfig, config.apply_conf,
-                 {"input": config.corpus_table, "artifact": fit.artifact, "output": config.corrected_table})
-    applied = apply_job.run_apply(spark, apply)
-    print(f"apply: {applied['status']} → {config.corrected_table} (Delta version {applied['output_version']})")
-
-    corrected = dataclasses.replace(diagnosis, input=config.corrected_table, evaluation=None,
+    corrected = dataclasses.replace(diagnosis, input=nightly.output, vector_col=nightly.out_col, evaluation=None,
                                     output_dir=storage.join(diagnosis.output_dir, "corrected"))
     after = diagnose_job.run_diagnosis(spark, corrected)
+    applied = {"headline": applied_text(applied_summary(published)), "notes": agreement(before, published)}
+    report = diagnose_job.write_outputs(spark, diagnosis, before, applied=applied)
     diagnose_job.write_outputs(spark, corrected, after, before=before)
-    print(f"\n## Before / after {manifest['method']}\n\n" + side_by_side(before["metrics"], after["metrics"]))
 
-    nightly = load(NightlyConfig, config.nightly_conf, {"input": config.corpus_table})
-    for night in (1, 2):
-        record = nightly_job.run_nightly(spark, nightly)
-        what = (f"recommended {record['recommendation']['method']}, applied {record['applied']['method']}"
-                if record["applied"] else "nothing to do: the output already holds this input version and config")
-        print(f"\nnightly run {night}: {record['status']} — {what}; {nightly.output} is at Delta version "
-              f"{output_state(spark, nightly.output).version}")
+    print(f"\n# What the demo applied\n\n**{applied['headline']}**\n")
+    print("\n".join(f"- {note}" for note in applied["notes"]))
+    print(f"\nreport: {storage.join(diagnosis.output_dir, 'report.html')}")
+    print("\n## The nightly's candidates, scored on held-out queries (same-chapter neighbours of every sentence)\n\n"
+          + evaluation_markdown(published["evaluation"]))
+    print("\n" + report)
+    print("\n## Before / after the published night\n\n" + side_by_side(before["metrics"], after["metrics"]))
+    for night, record in enumerate(nights, 1):
+        print(f"\nnightly run {night}: {record['status']} — {record['reason']}; {nightly.output} is at Delta version "
+              f"{output_state(spark, nightly.output).version}; run record "
+              f"{storage.join(nightly.runs_dir, record['run_id'] + '.json')}")
+    index = published.get("index") or {}
+    print(f"\n## The corpus index ({index.get('status', 'not built')}: {index.get('reason', '')})\n")
+    print(search_printout(spark, Searcher.load(config.index_dir), config.corpus_table, config.search_sentence))
     return 0
 
 

@@ -357,10 +357,13 @@ def append_metrics_row(spark: SparkSession, table: str, result: dict) -> None:
      .option("mergeSchema", "true").save(table))    # a metric added by a newer version becomes a new column
 
 
-def write_outputs(spark: SparkSession, config: DiagnoseConfig, result: dict, before: dict | None = None) -> str:
+def write_outputs(spark: SparkSession, config: DiagnoseConfig, result: dict, before: dict | None = None,
+                  applied: dict | None = None) -> str:
     """Write report.json / report.md, the PNGs + report.html, and the metrics row; returns the Markdown.
 
     ``before``: the result of diagnosing the same corpus before a transform (adds before/after panels).
+    ``applied``: ``{"headline", "notes"}`` of a run that applied a correction to this corpus: the page and the
+    Markdown open with it.
     """
     storage.write_atomic(storage.join(config.output_dir, "report.json"),
                          json.dumps({k: v for k, v in result.items() if not k.startswith("_")}, indent=2, default=str))
@@ -371,8 +374,10 @@ def write_outputs(spark: SparkSession, config: DiagnoseConfig, result: dict, bef
                         title=f"Anisotropy report: {result['input']['path']}",
                         artefact_directions=result["artefact"].get("directions"), meanings=METRIC_MEANINGS,
                         verdict=result["recommendation"], evaluation=result["evaluation"],
-                        clusters=result["per_cluster"])
+                        clusters=result["per_cluster"], applied=applied)
     summary = markdown_summary(result)
+    if applied:
+        summary = "\n".join([f"**{applied['headline']}**", *[f"- {note}" for note in applied["notes"]], "", summary])
     storage.write_atomic(storage.join(config.output_dir, "report.md"), summary)
     if config.metrics_table:
         append_metrics_row(spark, config.metrics_table, result)

@@ -165,3 +165,27 @@ def upsert_runs(spark: SparkSession, path: str, rows: list[tuple]) -> None:
     with session_conf(spark, {"spark.databricks.delta.schema.autoMerge.enabled": "true"}):
         (DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), "t.run_id = s.run_id")
          .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+
+
+def applied_summary(rec: dict) -> dict:
+    """What a run applied and the evidence behind it, from its record: ``{"status", "method", "candidate", "params",
+    "evidence" ("labelled" | "label_free"), "metric", "delta_vs_raw" ({mean, low, high} of the selection metric on
+    held-out queries or pairs, None label-free), "neighbour_overlap" (mean share of raw top-k kept, or None),
+    "reason"}``."""
+    applied, evaluation = rec.get("applied") or {}, rec.get("evaluation") or {}
+    metric, chosen = evaluation.get("metric"), evaluation.get("chosen") or ("applied" if evaluation else None)
+    delta = ((evaluation.get("intervals") or {}).get(chosen) or {}).get("delta_vs_raw") or {}
+    return {"status": rec.get("status"), "method": applied.get("method"), "candidate": applied.get("candidate") or chosen,
+            "params": applied.get("params"), "evidence": rec.get("evidence"), "metric": metric,
+            "delta_vs_raw": delta.get(metric), "neighbour_overlap": (rec.get("neighbour_overlap") or {}).get("mean"),
+            "reason": rec.get("reason")}
+
+
+def applied_text(summary: dict) -> str:
+    """One line: what was applied, its Δ ± interval against raw and its neighbour overlap (or "unverified")."""
+    delta = summary["delta_vs_raw"]
+    evidence = (f"Δ {summary['metric']} vs raw {delta['mean']:+.4f} [95 % CI {delta['low']:+.4f}, {delta['high']:+.4f}] "
+                "on held-out queries" if delta else "unverified: no labelled queries or pairs")
+    overlap = summary["neighbour_overlap"]
+    return (f"applied {summary['candidate'] or summary['method']} (method {summary['method']}): {evidence}"
+            + (f"; neighbour overlap {overlap:.3f}" if overlap is not None else ""))
