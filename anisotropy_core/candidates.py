@@ -75,8 +75,9 @@ def candidate_grid(state: Moments, artefact: Iterable[int] = (), extra_D: Iterab
     """The grid of the module docstring for ``state`` (d dimensions, n rows).
 
     ``artefact``: directions the artefact test flagged; ``extra_D``: further ABTT entries (an int D = the top D,
-    a list = that set of directions) and ``extra_k`` further whitening k (e.g. the recommendation's); ``min_n``: the fewest rows any fit of the grid will see (a fold's state), which
-    caps D at min(d − 1, min_n − 1) and k at min(d, min_n − 1) (never more directions than the data spans).
+    a list = that set of directions) and ``extra_k`` further whitening k (e.g. the recommendation's); ``min_n``: the
+    fewest rows any fit of the grid will see (a fold's state), which caps D at min(d − 1, min_n − 1) and k at
+    min(d, min_n − 1) (never more directions than the data spans).
     """
     n, d = state.n, state.d
     rows = min(n, min_n or n)
@@ -281,7 +282,8 @@ def refuse_explicit(intervals: Mapping[str, Mapping | None], max_quality_drop: f
         return False, (f"quality gate: {metric} Δ vs raw {interval_text(worse[metric])} is below "
                        f"-max_quality_drop {max_quality_drop:g} (the interval says it is worse than raw)")
     shown = ", ".join(f"{metric} {interval_text(delta)}" for metric, delta in intervals["delta_vs_raw"].items())
-    return True, f"quality gate passed: no interval of Δ vs raw lies below -max_quality_drop {max_quality_drop:g} ({shown})"
+    return True, (f"quality gate passed: no interval of Δ vs raw lies below -max_quality_drop {max_quality_drop:g} "
+                  f"({shown})")
 
 
 def query_drift(state: Moments, queries: np.ndarray, directions: int) -> list[dict]:
