@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test golden embed-demo bench clean
+.PHONY: setup demo test lint golden embed-demo bench clean
 
 EXTRAS_VENV := .venv-extras
 SEED_TEXT   ?= ../shared/seed/anisotropy-narrow-cone.txt
@@ -25,6 +25,9 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q tests
+
+lint: setup
+	$(VENV)/bin/ruff check anisotropy_core anisotropy_spark jobs bench tests tools
 
 # optional, needs torch (a multi-GB download): reference IsoScores for the tests, and the demo corpus
 $(EXTRAS_VENV)/.installed: requirements-extras.txt

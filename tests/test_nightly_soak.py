@@ -1,6 +1,7 @@
 """Seven consecutive nights on one small table (issue 12): appends, a repeated id, bad rows, a schema change, a
 delete, an update, a corrupt artifact, a kill and a concurrent pair; and (issue 45) a night with nothing new whose
-serving artifact was corrupted (it refits and republishes) and the killed run's record marked ``killed``. After
+serving artifact was corrupted (it refits and republishes), a night whose append holds a norm outlier (quarantined,
+not fitted) and the killed run's record marked ``killed``. After
 every night the output holds exactly the valid, uniquely-keyed rows of the input; at the end it equals a
 from-scratch apply of the final input with the transform in use (same ids, vectors within 1e-12) and the
 quarantine holds each bad row once."""
@@ -10,7 +11,7 @@ import pathlib
 import numpy as np
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
-from test_nightly import D, N, corpus, job_config, record, table, write_input
+from test_nightly import D, corpus, job_config, record, table, write_input
 from test_nightly_faults import finish, launch
 
 from anisotropy_core.artifact import load_artifact
@@ -18,6 +19,7 @@ from jobs import nightly
 from jobs.apply import ApplyConfig, run_apply
 
 BAD_IDS = {-1: "null_vector", -2: "wrong_dimension:5", -3: "non_finite"}
+OUTLIER_ID = 1150
 
 
 def append(spark, path, start, n=10, seed=1, repeat=None, extra_column=False):
@@ -34,9 +36,11 @@ def append(spark, path, start, n=10, seed=1, repeat=None, extra_column=False):
 
 
 def expected_ids(spark, path) -> list[int]:
-    """Ids of the input rows that are valid and held by exactly one row."""
+    """Ids of the input rows that are valid and held by exactly one row (issue 45: a row over 1000× the typical
+    length, OUTLIER_ID, is a norm outlier)."""
     df = spark.read.format("delta").load(path)
     valid = df.where(F.size("vector") == D).where(~F.exists("vector", lambda v: F.isnan(v)))
+    valid = valid.where(F.col("id") != OUTLIER_ID)
     counts = {r["id"]: r["count"] for r in df.groupBy("id").count().collect()}
     return sorted(r["id"] for r in valid.collect() if counts[r["id"]] == 1)
 
@@ -69,6 +73,13 @@ def test_seven_nights_end_equal_to_a_rebuild(spark, tmp_path):
     append(spark, source, 1100, repeat=5)                                                     # 3. id 5 repeated
     third = night(spark, conf, tmp_path, "full", "input rows share an id")
     assert third["counts"]["invalid_by_reason"]["duplicate_id"] == 2 and 5 not in table(spark, str(tmp_path / "output"))
+    outlier = spark.createDataFrame([(OUTLIER_ID, [1e6] * D, 1.0)], "id long, vector array<double>, token_count double")
+    outlier.write.format("delta").mode("append").save(source)                                 # 3b. an outlier row
+    assert nightly.main(["--conf", conf]) == 0
+    guarded = record(tmp_path)
+    assert guarded["status"] == "published" and guarded["counts"]["invalid_by_reason"]["norm_outlier"] == 1
+    assert sorted(table(spark, str(tmp_path / "output"))) == expected_ids(spark, source)
+    assert guarded["input_metrics"]["top1_var"] < 0.9                                            # not hijacked
     append(spark, source, 1200, extra_column=True)                                            # 4. schema change
     night(spark, conf, tmp_path, "full", "added columns ['source']")
     assert "source" in spark.read.format("delta").load(str(tmp_path / "output")).columns
@@ -106,7 +117,8 @@ def test_seven_nights_end_equal_to_a_rebuild(spark, tmp_path):
     assert max(float(np.abs(published[i] - scratch[i]).max()) for i in scratch) <= 1e-12
     quarantined = spark.read.format("delta").load(str(tmp_path / "quarantine")).collect()
     by_reason = sorted((r["id"], r["invalid_reason"]) for r in quarantined)
-    assert by_reason == sorted([(i, reason) for i, reason in BAD_IDS.items()] + [(5, "duplicate_id")] * 2)
+    assert by_reason == sorted([(i, reason) for i, reason in BAD_IDS.items()] + [(5, "duplicate_id")] * 2
+                               + [(OUTLIER_ID, "norm_outlier")])
 
 
 def applied_to_current(spark, tmp_path, row_id, rec):
