@@ -54,7 +54,7 @@ class DemoConfig:
     diagnose_conf: str = "conf/diagnose.yaml"
     nightly_conf: str = "conf/nightly.yaml"
     index_dir: str = "out/nightly/index"
-    search_sentence: int = 1
+    search_id: int = 4003
     master: str | None = None
 
 
@@ -110,20 +110,24 @@ def side_by_side(before: dict, after: dict) -> str:
 
 
 def agreement(diagnosis: dict, night: dict) -> list[str]:
-    """Whether the diagnosis verdict, the diagnosis's evaluation and the published night agree, and if not why."""
-    verdict = diagnosis["recommendation"]
+    """Whether the diagnosis's verdict, its held-out evaluation, the night's own verdict and what the night applied
+    agree, and where they differ, why (each a line)."""
+    verdict, night_verdict = diagnosis["recommendation"], night["recommendation"]
     chosen = (diagnosis["evaluation"] or {}).get("chosen")
     applied = applied_summary(night)
     applied_name = applied["candidate"] or applied["method"]
-    if verdict["method"] == applied["method"] and chosen in (None, applied_name):
+    if verdict["method"] == night_verdict["method"] == applied["method"] and chosen in (None, applied_name):
         return [f"the diagnosis verdict, the evaluation and the nightly agree: {applied_name}"]
-    notes = [f"the label-free verdict is {verdict['method']}"
-             + (" (unverified: without artefact evidence it deletes and whitens nothing; the held-out evaluation "
-                "decides)" if not verdict.get("verified") else " (on significant artefact evidence)")]
+    notes = [f"the diagnosis's label-free verdict is {verdict['method']}"
+             + (" (on significant artefact evidence)" if verdict.get("verified") and verdict["method"] == "abtt"
+                else " (it deletes and whitens nothing without evidence; the held-out evaluation decides)")]
+    if night_verdict["method"] != verdict["method"]:
+        notes.append(f"the night's own label-free verdict is {night_verdict['method']}: "
+                     + "; ".join(night_verdict["reasons"][:1]) + " (the nightly's mixture check runs k-means with its "
+                     "own cluster_k on its sample, the diagnosis's per-cluster table with the diagnosis's cluster_k)")
     if chosen is not None:
-        notes.append(f"the diagnosis's held-out evaluation chose {chosen}: "
-                     + diagnosis["evaluation"]["decision"]["reason"])
-    notes.append(f"the nightly applied {applied_name}: {applied['reason']}")
+        notes.append(f"the diagnosis's held-out evaluation chose {chosen}")
+    notes.append(f"the nightly applied {applied_name}, what the held-out intervals support: {applied['reason']}")
     if chosen is not None and chosen != applied_name:
         notes.append("the nightly also scores the published transform and leaves out candidates below "
                      "min_neighbour_overlap, so its choice can differ from the diagnosis's")
@@ -166,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{storage.join(nightly.runs_dir, record['run_id'] + '.json')}")
     index = published.get("index") or {}
     print(f"\n## The corpus index ({index.get('status', 'not built')}: {index.get('reason', '')})\n")
-    print(search_printout(spark, Searcher.load(config.index_dir), config.corpus_table, config.search_sentence))
+    print(search_printout(spark, Searcher.load(config.index_dir), config.corpus_table, config.search_id))
     return 0
 
 
