@@ -108,7 +108,8 @@ def test_every_job_shares_the_input_block():
     from jobs.nightly_config import NightlyConfig
 
     shared = {f.name for f in dataclasses.fields(InputSettings)}
-    assert shared == {"input", "vector_col", "id_col", "dimension", "on_invalid", "quarantine_path"}
+    # issue 45 adds max_norm_ratio (the norm-outlier rule) to the shared input block
+    assert shared == {"input", "vector_col", "id_col", "dimension", "on_invalid", "quarantine_path", "max_norm_ratio"}
     for job in (ApplyConfig, DiagnoseConfig, FitConfig, NightlyConfig):
         assert issubclass(job, InputSettings) and shared <= {f.name for f in dataclasses.fields(job)}
     with pytest.raises(ConfigError, match="dimension must be >= 1, got 0"):
