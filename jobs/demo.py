@@ -169,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{output_state(spark, nightly.output).version}; run record "
               f"{storage.join(nightly.runs_dir, record['run_id'] + '.json')}")
     index = published.get("index") or {}
-    print(f"\n## The corpus index ({index.get('status', 'not built')}: {index.get('reason', '')})\n")
+    print(f"\n## The corpus index: {index.get('status', 'not built')}" + (f" ({index['reason']})" if index.get("reason") else "")
+          + "\n")
     print(search_printout(spark, Searcher.load(config.index_dir), config.corpus_table, config.search_id))
     return 0
 
