@@ -48,6 +48,8 @@ def mixture_check(vectors: np.ndarray, k: int, metric: str = "euclidean", seed: 
     plus ``"mixture_null": {"within_share", "reference_shares": [...], "p", "references"}`` and ``"mixture_p"``).
     ``metric``: the distance the clusters are assigned by (cosine: unit rows are clustered)."""
     x = prepare(np.asarray(vectors, dtype=np.float64), metric).astype(np.float64)
+    scale = float(np.sqrt((x * x).sum(axis=1).mean())) or 1.0
+    x /= scale                 # k-means and the share do not change; faiss's float32 k-means stays finite
     if not 2 <= k < x.shape[0]:
         raise ValueError(f"the mixture check needs 2 <= k < sample rows, got k={k} for {x.shape[0]} rows")
     threads = faiss.omp_get_max_threads()
@@ -65,4 +67,4 @@ def mixture_check(vectors: np.ndarray, k: int, metric: str = "euclidean", seed: 
     diagnostics["mixture_null"] = {"within_share": share, "reference_shares": shares, "p": p,
                                    "references": references}
     diagnostics["mixture_p"] = p
-    return centroids, diagnostics
+    return centroids * scale, diagnostics

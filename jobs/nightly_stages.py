@@ -430,10 +430,11 @@ def gate_output(ctx: NightlyContext, info: dict) -> None:
         raise GateError(problems)
     if ctx.record.get("evidence") == "label_free":
         overlap = ctx.record["neighbour_overlap"]
-        ctx.record["reason"] = (
-            f"unverified: {ctx.method} applied without labelled evidence (no evaluation queries or pairs: the "
-            f"recommendation alone); neighbour overlap {overlap['mean']:.3f} >= min_neighbour_overlap "
-            f"{overlap['min']:g}")
+        unverified = (f"unverified: {ctx.method} applied without labelled evidence (no evaluation queries or pairs: "
+                      f"the recommendation alone); neighbour overlap {overlap['mean']:.3f} >= min_neighbour_overlap "
+                      f"{overlap['min']:g}")
+        earlier = ctx.record.get("reason")            # e.g. why a night that looked like a no-op was not one
+        ctx.record["reason"] = f"{earlier}; {unverified}" if earlier else unverified
     elif ctx.evaluation is not None:
         ctx.record["evaluation"]["gate"] = {"candidate": ctx.chosen, "passes": True,
                                             "reason": ctx.record["evaluation"]["decision"]["reason"]}
