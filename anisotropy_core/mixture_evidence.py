@@ -48,8 +48,11 @@ def mixture_check(vectors: np.ndarray, k: int, metric: str = "euclidean", seed: 
     plus ``"mixture_null": {"within_share", "reference_shares": [...], "p", "references"}`` and ``"mixture_p"``).
     ``metric``: the distance the clusters are assigned by (cosine: unit rows are clustered)."""
     x = prepare(np.asarray(vectors, dtype=np.float64), metric).astype(np.float64)
-    scale = float(np.sqrt((x * x).sum(axis=1).mean())) or 1.0
-    x /= scale                 # k-means and the share do not change; faiss's float32 k-means stays finite
+    scale = float(np.median(np.linalg.norm(x, axis=1))) or 1.0
+    x /= scale                 # k-means and the share do not change; faiss's float32 k-means sees lengths ≈ 1
+    if not np.isfinite(x.astype(np.float32)).all():
+        raise ValueError("the mixture check's sample holds rows beyond float32's range at the median length's scale "
+                         "(norm outliers kept by max_norm_ratio: null)")
     if not 2 <= k < x.shape[0]:
         raise ValueError(f"the mixture check needs 2 <= k < sample rows, got k={k} for {x.shape[0]} rows")
     threads = faiss.omp_get_max_threads()

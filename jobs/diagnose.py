@@ -179,8 +179,12 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
         with timed_stage(log, timings, "clusters") as info:
             per_cluster = per_cluster_table(valid, config, d, report.n)
             if vectors_drawn.shape[0] >= 4 * config.cluster_k:     # the null of the mixture check, on the sample
-                null = mixture_check(vectors_drawn, config.cluster_k, config.cluster_distance_measure, config.seed)[1]
-                per_cluster.update(mixture_null=null["mixture_null"], mixture_p=null["mixture_p"])
+                try:
+                    null = mixture_check(vectors_drawn, config.cluster_k, config.cluster_distance_measure,
+                                         config.seed)[1]
+                    per_cluster.update(mixture_null=null["mixture_null"], mixture_p=null["mixture_p"])
+                except ValueError as exc:
+                    per_cluster["mixture_null"] = {"skipped": str(exc)}
             info["rows"] = state.n
     aligned = None
     if config.pairs:

@@ -209,8 +209,12 @@ def diagnose(ctx: NightlyContext, info: dict) -> None:
     if config.mixture_check and vectors.shape[0] < 4 * config.cluster_k:
         rec["clusters"] = {"skipped": f"mixture check: {vectors.shape[0]} sampled rows < 4 · cluster_k"}
     elif config.mixture_check:
-        ctx.sample_centroids, ctx.clusters = mixture_check(vectors, config.cluster_k, config.cluster_distance_measure,
-                                                           config.seed)
+        try:
+            ctx.sample_centroids, ctx.clusters = mixture_check(vectors, config.cluster_k,
+                                                               config.cluster_distance_measure, config.seed)
+        except ValueError as exc:
+            rec["clusters"] = {"skipped": f"mixture check: {exc}"}
+            return
         rec["clusters"] = {"source": f"k-means of the {vectors.shape[0]}-row sample",
                            **{key: ctx.clusters[key] for key in ("locally_isotropic", "clusters", "mixture_null")}}
 
@@ -218,14 +222,19 @@ def diagnose(ctx: NightlyContext, info: dict) -> None:
 def fit_cluster_candidate(ctx: NightlyContext) -> None:
     """When the decision recommends cluster recentering on the sample's clusters: the full fit, ONE pass over the
     valid rows for the per-cluster moments of the sample's centroids (no k-means over the table); it is the
-    cluster_recenter evaluation candidate and, applied label-free, the transform published."""
+    cluster_recenter evaluation candidate and, applied label-free, the transform published (``method: auto`` only).
+    A sample cluster that no row of the table falls in leaves no candidate, recorded in ``clusters.candidate``."""
     config = ctx.config
     centroids = ctx.sample_centroids
     states = cluster_moments_pass(as_vector_array(ctx.valid.select(config.vector_col), config.vector_col),
                                   config.vector_col, ctx.report.d, centroids, config.cluster_distance_measure)
-    ctx.cluster_recenter = ClusterRecenter.from_moments(centroids, states, config.cluster_D,
-                                                        config.cluster_distance_measure,
-                                                        {"kmeans": "faiss, on the mixture check's sample"})
+    try:
+        ctx.cluster_recenter = ClusterRecenter.from_moments(centroids, states, config.cluster_D,
+                                                            config.cluster_distance_measure,
+                                                            {"kmeans": "faiss, on the mixture check's sample"})
+    except ValueError as exc:                  # a sample cluster no row of the table falls in: no candidate
+        ctx.record["clusters"]["candidate"] = f"not fitted: {exc}"
+        return
     if ctx.method == "cluster_recenter" and config.method == "auto":
         ctx.chosen_transform = ctx.cluster_recenter
 
@@ -242,7 +251,7 @@ def decide(ctx: NightlyContext, info: dict) -> None:
     log.info("decision: recommend %s (%s); applying %s", recommendation.method,
              "; ".join(recommendation.reasons), ctx.method)
     check_against_data(ctx.config, ctx.report.n, ctx.report.d, ctx.method)
-    if recommendation.method == "cluster_recenter" and ctx.sample_centroids is not None:
+    if recommendation.method == "cluster_recenter" and ctx.sample_centroids is not None and ctx.config.method == "auto":
         fit_cluster_candidate(ctx)
 
 
