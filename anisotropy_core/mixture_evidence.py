@@ -20,6 +20,7 @@ from .clustering import assign, cluster_diagnostics, cluster_moments, prepare
 
 DEFAULT_REFERENCES = 19      # the smallest p is 1/(1 + 19) = 0.05
 KMEANS_ITERATIONS = 25
+MAX_LENGTH_RATIO = 1e12      # longer rows (in median lengths) would overflow float32 squared distances in faiss
 
 
 def within_share(x: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, float]:
@@ -50,9 +51,10 @@ def mixture_check(vectors: np.ndarray, k: int, metric: str = "euclidean", seed: 
     x = prepare(np.asarray(vectors, dtype=np.float64), metric).astype(np.float64)
     scale = float(np.median(np.linalg.norm(x, axis=1))) or 1.0
     x /= scale                 # k-means and the share do not change; faiss's float32 k-means sees lengths ≈ 1
-    if not np.isfinite(x.astype(np.float32)).all():
-        raise ValueError("the mixture check's sample holds rows beyond float32's range at the median length's scale "
-                         "(norm outliers kept by max_norm_ratio: null)")
+    if not np.linalg.norm(x, axis=1).max() <= MAX_LENGTH_RATIO:
+        raise ValueError(f"the mixture check's sample holds rows over {MAX_LENGTH_RATIO:g} × the median length, "
+                         "whose squared distances float32 k-means cannot hold (norm outliers kept by "
+                         "max_norm_ratio: null)")
     if not 2 <= k < x.shape[0]:
         raise ValueError(f"the mixture check needs 2 <= k < sample rows, got k={k} for {x.shape[0]} rows")
     threads = faiss.omp_get_max_threads()
