@@ -129,6 +129,13 @@ class FittedTransform:
         (and return)."""
         raise NotImplementedError
 
+    def linear_map(self) -> np.ndarray | None:
+        """(d_in, d_out) float64 L with ``apply(v) = (v − mean) L`` for every v when the correction is affine
+        (centring, ABTT, whitening without row normalisation, ABTT → PCA → ABTT); None when it is not (row
+        normalisation, per-cluster maps, flows). The output moments of an affine correction follow from the
+        input's without reading a row (:func:`anisotropy_core.output_facts.affine_output_moments`)."""
+        return None
+
 
 # (rows (b, d_in) float64, which it may overwrite; the block's first row) → (b, d_out) float64
 BlockFn = Callable[[np.ndarray, int], np.ndarray]
@@ -211,6 +218,9 @@ class Center(FittedTransform):
     def _map(self, centred):
         return centred
 
+    def linear_map(self):
+        return np.eye(self.d_in)
+
 
 @register
 class AllButTheTop(FittedTransform):
@@ -253,6 +263,9 @@ class AllButTheTop(FittedTransform):
     def _map(self, centred):
         centred -= (centred @ self._tiled) @ self._tiled.T
         return centred
+
+    def linear_map(self):
+        return self.projector()
 
     def query_side(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The "no re-index" identity (seed chapter 3): score RAW documents with a transformed query.
@@ -313,6 +326,9 @@ class Whitening(FittedTransform):
                                        row)
         return z / norms
 
+    def linear_map(self):
+        return None if self.normalize else self.matrix.copy()
+
 
 @register
 class AbttPcaAbtt(FittedTransform):
@@ -358,6 +374,9 @@ class AbttPcaAbtt(FittedTransform):
     def _map(self, centred):
         reduced = centred @ self.matrix
         return reduced - (reduced @ self.second_components.T) @ self.second_components
+
+    def linear_map(self):
+        return self.matrix - (self.matrix @ self.second_components.T) @ self.second_components
 
 
 # ---------------------------------------------------------------------------------------------- fitting

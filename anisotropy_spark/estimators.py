@@ -458,6 +458,7 @@ class RowChecks(NamedTuple):
     ``id_col``: named in errors. ``tag_invalid`` False: the first invalid row raises
     :class:`~anisotropy_spark.contract.InvalidRowError` in the worker (``on_invalid: error``); True: invalid
     rows are kept with a null output vector and their reason in ``invalid_reason`` (for counting and filtering).
+    ``max_norm`` (None: off): rows longer than it are invalid too (``norm_outlier``, the nightly's rule).
 
     Either way, a partition whose first Arrow batch holds vectors but not one of the transform's dimension is
     not a few bad rows but a table of another embedding model: the worker raises
@@ -466,6 +467,7 @@ class RowChecks(NamedTuple):
 
     id_col: str
     tag_invalid: bool
+    max_norm: float | None = None
 
 
 def output_element_type(output_dtype: str, input_type: FloatType | DoubleType) -> FloatType | DoubleType:
@@ -504,7 +506,7 @@ def apply_batches(transform: FittedTransform, vector_col: str, output_col: str, 
             if checks is None:
                 matrix = batch_matrix(batch, vector_col, d, dtype=None)
             else:
-                checked = check_batch(batch, vector_col, checks.id_col, d)
+                checked = check_batch(batch, vector_col, checks.id_col, d, checks.max_norm)
                 if number == 0 and checked.foreign_length is not None:
                     raise ForeignDimensionError(length=checked.foreign_length, dimension=d)
                 if checked.reasons is not None:
@@ -515,14 +517,7 @@ def apply_batches(transform: FittedTransform, vector_col: str, output_col: str, 
                 if checks.tag_invalid:
                     reasons = [pa.array(checked.reasons if valid is not None else [None] * batch.num_rows,
                                         pa.string())]
-            try:
-                result, extra = compute(matrix, output_dtype)
-            except ValueError as exc:
-                row = getattr(exc, "row", None)
-                if row is not None and valid is not None:
-                    row = int(np.flatnonzero(valid)[row])
-                raise TransformRowError(column=vector_col, row=row_values(batch, row, vector_col),
-                                        reason=str(exc)) from exc
+            result, extra = mapped_rows(compute, matrix, output_dtype, batch, valid, vector_col)
             if len(extra) != len(extra_cols):
                 raise ValueError(f"batch function returned {len(extra)} extra columns, expected {extra_cols}")
             names = [n for n in batch.schema.names if n not in written]
@@ -532,6 +527,20 @@ def apply_batches(transform: FittedTransform, vector_col: str, output_col: str, 
                 names + written)
 
     return run
+
+
+def mapped_rows(compute: BatchOutputs, matrix: np.ndarray, output_dtype: type, batch: pa.RecordBatch,
+                valid: np.ndarray | None, vector_col: str) -> "tuple[np.ndarray, list[pa.Array]]":
+    """``compute(matrix, output_dtype)`` for the rows ``matrix`` of ``batch`` (the ``valid`` ones; None: all), a
+    ValueError naming a row (e.g. a non-finite output after the cast) re-raised as
+    :class:`~anisotropy_spark.contract.TransformRowError` naming the column and that row's other values."""
+    try:
+        return compute(matrix, output_dtype)
+    except ValueError as exc:
+        row = getattr(exc, "row", None)
+        if row is not None and valid is not None:
+            row = int(np.flatnonzero(valid)[row])
+        raise TransformRowError(column=vector_col, row=row_values(batch, row, vector_col), reason=str(exc)) from exc
 
 
 def spread(values: pa.Array, valid: np.ndarray | None) -> pa.Array:
