@@ -192,6 +192,7 @@ class ValidatedInput:
     reader: str | None = None          # what read the moments pass (``with_moments``): "pyarrow" or "spark (…)"
     median_length: float | None = None  # the valid rows' median length, from the pass's sketch (None: no sketch)
     max_norm: float | None = None      # the norm-outlier limit (None: the rule off); rows above it are invalid
+    duplicates: Duplicates | None = None  # the ids held by more than one otherwise-valid row (every copy left out)
 
 
 def require_column(df: DataFrame, column: str, role: str) -> None:
@@ -251,4 +252,5 @@ def validate(df: DataFrame, vector_col: str, id_col: str, dimension: int | None 
     if valid.isEmpty() if state is None else state.n == 0:
         raise InvalidRowsError(f"no valid rows left in column {vector_col!r} after validation ({found.counts})")
     return ValidatedInput(valid=valid, dimension=d, invalid_count=found.total, invalid_by_reason=found.counts,
-                          moments=state, drawn=drawn, reader=reader, median_length=median, max_norm=threshold)
+                          moments=state, drawn=drawn, reader=reader, median_length=median, max_norm=threshold,
+                          duplicates=duplicates)

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime as _dt
 import functools
+import json
+import os
 import pathlib
+import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -157,3 +162,95 @@ def timed(results: dict, name: str):
     start = time.perf_counter()
     yield
     results[name] = time.perf_counter() - start
+
+
+RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
+
+
+def append_result(file_name: str, header: dict, corpus_text: str, figures: str, conditions: str) -> None:
+    """Append one run as a row of ``bench/results/<file_name>`` (created with ``header``: title, order, intro,
+    command, when absent): its conditions (UTC time, commit, load average), corpus and figures;
+    ``python -m bench.render_results`` renders the file into ``bench/RESULTS.md``."""
+    path = RESULTS_DIR / file_name
+    body = json.loads(path.read_text()) if path.exists() else {
+        **header, "columns": [{"header": "bench", "field": "conditions"}, {"header": "size", "field": "corpus"},
+                              {"header": "result", "field": "figures"}], "rows": [], "notes": []}
+    now = _dt.datetime.now(_dt.timezone.utc)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    body["rows"].append({"conditions": f"{now:%Y-%m-%d %H:%M} UTC, {commit}, {conditions}; load average "
+                                       f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the end",
+                         "corpus": corpus_text, "figures": figures, "dates": [f"{now:%Y-%m-%d}"], "commits": [commit]})
+    path.write_text(json.dumps(body, indent=1, ensure_ascii=False) + "\n")
+
+
+def _process_kind(pid: int, own: int) -> str | None:
+    """``driver`` (this process), ``jvm`` (a java descendant) or ``python_workers`` (pyspark daemon/workers)."""
+    if pid == own:
+        return "driver"
+    try:
+        command = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return None
+    if b"java" in command.split(b" ")[0]:
+        return "jvm"
+    if b"pyspark" in command:
+        return "python_workers"
+    return None
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def _rss_mb(pid: int) -> float:
+    try:
+        for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class PeakMemory:
+    """``with PeakMemory() as peak:`` samples, every ``interval`` seconds, the resident memory of this process and
+    its descendants summed per kind (``driver``, ``jvm``, ``python_workers``); ``peak.peaks`` is the peak of each
+    sum in MiB (Linux ``/proc``)."""
+
+    def __init__(self, interval: float = 0.5):
+        self.interval, self.peaks = interval, {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        own = os.getpid()
+        while not self._stop.is_set():
+            totals: dict[str, float] = {}
+            for pid in _descendants(own):
+                kind = _process_kind(pid, own)
+                if kind is not None:
+                    totals[kind] = totals.get(kind, 0.0) + _rss_mb(pid)
+            for kind, value in totals.items():
+                self.peaks[kind] = round(max(self.peaks.get(kind, 0.0), value), 1)
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "PeakMemory":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()

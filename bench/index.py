@@ -21,11 +21,8 @@ imbalance factor. Printed: seconds, the time ratio ours / faiss (target ≤ 1.5)
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
-import os
 import pathlib
-import subprocess
 import tempfile
 
 import numpy as np
@@ -33,9 +30,8 @@ import pyarrow.parquet as pq
 
 from anisotropy_core import index as core
 
-from .common import add_corpus_arguments, corpus, time_in_rounds
+from .common import add_corpus_arguments, append_result, corpus, time_in_rounds
 
-RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "index.json"
 NPROBES = (8, 16, 32)
 K = 10
 
@@ -127,19 +123,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def record(summary: dict) -> None:
-    """Append ``summary`` as a row of :data:`RESULTS` (created with its title and columns when absent)."""
-    body = json.loads(RESULTS.read_text()) if RESULTS.exists() else {
-        "title": "Corpus index build (`bench.index`)", "order": 6,
-        "intro": ["Our Spark build (driver sample + training, adds in Spark tasks, merge on the driver) against a "
-                  "single-process faiss build of the same factory from the same Parquet files, load included, and "
-                  "the recall@10 of both against exact top-10. Targets (issue 47): at most 1.5× faiss, recall within "
-                  "0.01. Measured on the shared 2-core development host: only ratios mean anything."],
-        "command": ".venv/bin/python -m bench.index --rows 1000000 --dim 384 --record",
-        "columns": [{"header": "bench", "field": "conditions"}, {"header": "size", "field": "corpus"},
-                    {"header": "result", "field": "figures"}],
-        "rows": [], "notes": []}
-    now = _dt.datetime.now(_dt.timezone.utc)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    """Append ``summary`` as a row of ``bench/results/index.json``."""
     figures = []
     for factory, r in summary["results"].items():
         best = {name: min(t) for name, t in r["seconds"].items()}
@@ -150,13 +134,15 @@ def record(summary: dict) -> None:
                        + "/".join(f"{v:.3f}" for v in recall['faiss'].values()) + "; imbalance ours "
                        f"{r['quality']['ours']['imbalance_factor']:.3f}, faiss "
                        f"{r['quality']['faiss']['imbalance_factor']:.3f}")
-    load = os.getloadavg()[0]
-    body["rows"].append({"conditions": f"index build ({now:%Y-%m-%d %H:%M} UTC, {commit}, {summary['master']}, "
-                                       f"train {summary['train_size']:,} rows; load average {load:.1f} on "
-                                       f"{os.cpu_count()} cores at the end)",
-                         "corpus": f"{summary['rows']:,} × {summary['dim']} float32",
-                         "figures": "; ".join(figures), "dates": [f"{now:%Y-%m-%d}"], "commits": [commit]})
-    RESULTS.write_text(json.dumps(body, indent=1) + "\n")
+    append_result("index.json", {
+        "title": "Corpus index build (`bench.index`)", "order": 6,
+        "intro": ["Our Spark build (driver sample + training, adds in Spark tasks, merge on the driver) against a "
+                  "single-process faiss build of the same factory from the same Parquet files, load included, and "
+                  "the recall@10 of both against exact top-10. Targets (issue 47): at most 1.5× faiss, recall within "
+                  "0.01. Measured on the shared 2-core development host: only ratios mean anything."],
+        "command": ".venv/bin/python -m bench.index --rows 1000000 --dim 384 --record"},
+        f"{summary['rows']:,} × {summary['dim']} float32", "; ".join(figures),
+        f"index build, {summary['master']}, train {summary['train_size']:,} rows")
 
 
 def main() -> None:
