@@ -231,8 +231,22 @@ class CorrectionEstimator(Estimator, _CorrectionParams, DefaultParamsReadable, D
 
 @register_estimator(Method.CENTER)
 class CenterEstimator(CorrectionEstimator):
-    """Subtract the corpus mean."""
+    """Subtract the corpus mean.
 
+    Examples
+    --------
+    >>> df = spark.createDataFrame([(i, [float(i % 3), float(i % 5), float(i % 7), 1.0 + i / 10])
+    ...                             for i in range(40)], "id long, vector array<double>")
+    >>> model = CenterEstimator(outputCol="centred").fit(df)
+    >>> model.mean.round(2).tolist()
+    [0.98, 2.0, 2.88, 2.95]
+    >>> out = model.transform(df)
+    >>> out.columns
+    ['id', 'vector', 'centred']
+    >>> model.save(temp_path + "/center")
+    >>> CorrectionModel.load(temp_path + "/center").transform_version == model.transform_version
+    True
+    """
 
     def _fit_moments(self, state):
         return fit_center(state)
@@ -246,6 +260,22 @@ class AllButTheTopEstimator(CorrectionEstimator, _AllButTheTopParams):
     ``transform_.d_rule`` "rule_of_thumb_d/100 (unverified)": "a starting point, not an answer"), or
     ``directions`` (e.g. the artefact test's significant set). The Marchenko–Pastur count is a diagnostic of
     :func:`anisotropy_core.diagnose`, never the default.
+
+    Examples
+    --------
+    >>> df = spark.createDataFrame([(i, [float(i % 3), float(i % 5), float(i % 7), 1.0 + i / 10])
+    ...                             for i in range(40)], "id long, vector array<double>")
+    >>> abtt = AllButTheTopEstimator(D=1, outputCol="abtt")
+    >>> model = abtt.fit(df)
+    >>> model.getD(), model.components.shape, model.eigenvalues.shape
+    (1, (1, 4), (4,))
+    >>> out = np.array([row["abtt"] for row in model.transform(df).collect()])
+    >>> bool(np.allclose(out @ model.components.T, 0))          # nothing left along the removed direction
+    True
+    >>> model.save(temp_path + "/abtt")
+    >>> loaded = AllButTheTopModel.load(temp_path + "/abtt")
+    >>> loaded.getD(), loaded.transform_version == model.transform_version
+    (1, True)
     """
 
     def _fit_moments(self, state):
@@ -254,7 +284,22 @@ class AllButTheTopEstimator(CorrectionEstimator, _AllButTheTopParams):
 
 @register_estimator(Method.WHITENING)
 class WhiteningEstimator(CorrectionEstimator, _WhiteningParams):
-    """Whitening-k (seed chapter 6): W = U_k Λ_k^{-1/2}, optional shrinkage, clamp, ZCA, L2 output."""
+    """Whitening-k (seed chapter 6): W = U_k Λ_k^{-1/2}, optional shrinkage, clamp, ZCA, L2 output.
+
+    Examples
+    --------
+    >>> df = spark.createDataFrame([(i, [float(i % 3), float(i % 5), float(i % 7), 1.0 + i / 10])
+    ...                             for i in range(40)], "id long, vector array<double>")
+    >>> model = WhiteningEstimator(k=2, outputCol="white").fit(df)
+    >>> model.getK(), model.matrix.shape, model.numOutputFeatures
+    (2, (4, 2), 2)
+    >>> out = np.array([row["white"] for row in model.transform(df).collect()])
+    >>> bool(np.allclose(np.cov(out.T, bias=True), np.eye(2)))   # unit variance, uncorrelated
+    True
+    >>> model.save(temp_path + "/white")
+    >>> WhiteningModel.load(temp_path + "/white").getK()
+    2
+    """
 
 
     def _fit_moments(self, state):
@@ -267,6 +312,19 @@ class AbttPcaAbttEstimator(CorrectionEstimator, _AbttPcaAbttParams):
     """ABTT (D) → PCA-k → ABTT refitted on the reduced output (D2) (seed ch. 3, "Does it compose?").
 
     ``D``/``D2`` default to the rule of thumb (as :class:`AllButTheTopEstimator`), ``k`` to ⌈d/3⌉; one pass.
+
+    Examples
+    --------
+    >>> df = spark.createDataFrame([(i, [float(i % 3), float(i % 5), float(i % 7), 1.0 + i / 10])
+    ...                             for i in range(40)], "id long, vector array<double>")
+    >>> model = AbttPcaAbttEstimator(D=1, k=2, D2=1, outputCol="reduced").fit(df)
+    >>> model.firstComponents.shape, model.basis.shape, model.secondComponents.shape
+    ((1, 4), (4, 2), (1, 2))
+    >>> len(model.transform(df).first()["reduced"])
+    2
+    >>> model.save(temp_path + "/apa")
+    >>> AbttPcaAbttModel.load(temp_path + "/apa").getK()
+    2
     """
 
     def _fit_moments(self, state):
@@ -276,7 +334,22 @@ class AbttPcaAbttEstimator(CorrectionEstimator, _AbttPcaAbttParams):
 @register_estimator(Method.FLOW)
 class FlowEstimator(CorrectionEstimator, _FlowParams):
     """BERT-flow (seed ch. 5): a Glow-style flow (:mod:`anisotropy_core.flow`) trained by maximum likelihood
-    on a uniform sample of ``sampleSize`` rows collected on the driver, for ``steps`` Adam steps."""
+    on a uniform sample of ``sampleSize`` rows collected on the driver, for ``steps`` Adam steps.
+
+    Examples
+    --------
+    >>> df = spark.createDataFrame([(i, [float(i % 3), float(i % 5), float(i % 7), 1.0 + i / 10])
+    ...                             for i in range(40)], "id long, vector array<double>")
+    >>> flow = FlowEstimator(sampleSize=40, steps=5, couplings=1, hidden=4, batchSize=10, seed=0)
+    >>> model = flow.setOutputCol("latent").fit(df)
+    >>> model.trainingLog["sample_size"], model.trainingLog["steps"]
+    (40, 5)
+    >>> len(model.transform(df).first()["latent"])
+    4
+    >>> model.save(temp_path + "/flow")
+    >>> FlowModel.load(temp_path + "/flow").transform_version == model.transform_version
+    True
+    """
 
     moment_based = False
 

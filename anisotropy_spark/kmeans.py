@@ -350,7 +350,20 @@ def cluster_outputs(transform: ClusterRecenter) -> BatchOutputs:
 class ClusterRecenterEstimator(CorrectionEstimator, _ClusterRecenterParams):
     """Cluster-wise recentering (seed chapter 7): k-means with modest ``k``, then one mean — and optionally
     the top ``D`` within-cluster directions — per cluster. ``fit`` returns a :class:`ClusterRecenterModel`.
-    Params: see :class:`~anisotropy_spark.params._ClusterRecenterParams`.
+    Params: see :class:`~anisotropy_core.methods.ClusterRecenterSettings`.
+
+    Examples
+    --------
+    >>> df = spark.createDataFrame([(i, [1 + 10.0 * (i % 2) + (i % 5) / 10, 1 + (i % 3) / 10]) for i in range(40)],
+    ...                            "id long, vector array<double>")
+    >>> model = ClusterRecenterEstimator(k=2, seed=1, outputCol="recentred").fit(df)
+    >>> sorted(model.clusterSizes.tolist()), model.clusterCenters.shape
+    ([20, 20], (2, 2))
+    >>> model.transform(df).columns
+    ['id', 'vector', 'recentred', 'cluster_id']
+    >>> model.save(temp_path + "/clusters")
+    >>> ClusterRecenterModel.load(temp_path + "/clusters").getK()
+    2
     """
 
     model_class = ClusterRecenterModel
