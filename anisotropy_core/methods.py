@@ -25,7 +25,8 @@ from typing import Any, ClassVar, Literal
 
 class Method(str, enum.Enum):
     """A correction method by its registry name; equal (and hashing equal) to that plain string, so it may
-    index a mapping keyed by the name, and written as the name in JSON, manifests, f-strings and messages."""
+    index a mapping keyed by the name, and written as the name in JSON, manifests, f-strings and messages. It
+    pickles as the plain name, so it may enter Spark rows (the JVM's unpickler knows no Python enum)."""
 
     NONE = "none"
     CENTER = "center"
@@ -43,6 +44,9 @@ class Method(str, enum.Enum):
 
     def __repr__(self) -> str:
         return repr(self.value)
+
+    def __reduce_ex__(self, protocol: Any) -> tuple:
+        return str, (self.value,)
 
 
 OutputDtype = Literal["same", "float32", "float64"]   # element type of corrected vectors: same = as the input's
@@ -68,8 +72,9 @@ def setting(default: Any, doc: str, *, ge: float | None = None, gt: float | None
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """One declared setting: ``key`` (snake_case), its annotation ``hint``, ``default``, ``doc``, bounds and
-    ``unit``; :attr:`param` is its Spark Param name."""
+    """One declared setting: ``key`` (snake_case), its annotation ``hint``, ``default``, ``doc``, bounds,
+    ``unit`` and the ``method`` declaring it (empty for a setting of no method); :attr:`param` is its Spark Param
+    name."""
 
     key: str
     hint: Any
@@ -79,6 +84,7 @@ class Setting:
     gt: float | None = None
     le: float | None = None
     unit: str = ""
+    method: str = ""
 
     @property
     def param(self) -> str:
@@ -153,7 +159,8 @@ class MethodSettings:
     def settings(cls) -> tuple[Setting, ...]:
         """Every setting of this method, in declaration order."""
         hints = typing.get_type_hints(cls)
-        return tuple(Setting(f.name, hints[f.name], f.default, **f.metadata) for f in dataclasses.fields(cls))
+        return tuple(Setting(f.name, hints[f.name], f.default, **f.metadata, method=cls.method)
+                     for f in dataclasses.fields(cls))
 
     @classmethod
     def setting(cls, key: str) -> Setting:

@@ -15,11 +15,17 @@ method registry (:func:`estimator_for`).
   is checked finite after that cast (float64 results can overflow float32). ``save(path)`` writes the
   versioned artifact (``manifest.json`` + ``arrays.npz``, see :mod:`anisotropy_core.artifact`) plus the
   pyspark.ml ``metadata/`` folder, so the model also loads as a ``PipelineModel`` stage; ``load(path)``
-  accepts either (a bare artifact written by plain numpy loads with default column params).
+  accepts either (a bare artifact written by plain numpy loads with default column params). ``handleInvalid``
+  (``unchecked`` default | ``error`` | ``keep``, with ``idCol``) checks the rows against the input contract in
+  the same pass. The fitted arrays are read-only properties (``mean``, ``components``, ``clusterCenters``, …).
 
-A new correction plugs in by subclassing :class:`CorrectionEstimator` (registered with
-:func:`register_estimator`) and implementing ``_fit_transform(vectors_df, vector_col, d) -> (FittedTransform,
-n)``. Its model class (``model_class``, registered for its transform method with :func:`register_model_class`
+Each method's Params are its settings of :mod:`anisotropy_core.methods` (:mod:`anisotropy_spark.params`):
+every Estimator takes them by keyword, has a ``set<Name>`` for each, and refuses a value outside a setting's
+constraint wherever it is set.
+
+A new correction plugs in by declaring its settings (:mod:`anisotropy_core.methods`), subclassing
+:class:`CorrectionEstimator` (registered with :func:`register_estimator`) and implementing
+``_fit_transform(vectors_df, vector_col, d) -> (FittedTransform, n)``. Its model class (``model_class``, registered for its transform method with :func:`register_model_class`
 so :meth:`CorrectionModel.from_artifact` and :meth:`CorrectionModel.load` return it) may write more than
 ``outputCol`` (cluster recentering also writes the cluster id) by overriding
 :meth:`CorrectionModel.extra_output_fields` and :meth:`CorrectionModel.batch_outputs`.
@@ -265,11 +271,11 @@ class AllButTheTopEstimator(CorrectionEstimator, _AllButTheTopParams):
     --------
     >>> df = spark.createDataFrame([(i, [float(i % 3), float(i % 5), float(i % 7), 1.0 + i / 10])
     ...                             for i in range(40)], "id long, vector array<double>")
-    >>> abtt = AllButTheTopEstimator(D=1, outputCol="abtt")
+    >>> abtt = AllButTheTopEstimator(D=1, outputCol="out")
     >>> model = abtt.fit(df)
     >>> model.getD(), model.components.shape, model.eigenvalues.shape
     (1, (1, 4), (4,))
-    >>> out = np.array([row["abtt"] for row in model.transform(df).collect()])
+    >>> out = np.array([row["out"] for row in model.transform(df).collect()])
     >>> bool(np.allclose(out @ model.components.T, 0))          # nothing left along the removed direction
     True
     >>> model.save(temp_path + "/abtt")

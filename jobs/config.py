@@ -101,10 +101,13 @@ def setting_field(*declared: Setting, default: Any = NOT_GIVEN) -> Any:
     """A config field holding the ``declared`` setting (one, or the same key of several methods): its default
     (``default`` where they differ: None = each method's own), its ``--help`` line and its constraints, checked by
     :func:`setting_problems`."""
-    if default is NOT_GIVEN:
+    own = default is not NOT_GIVEN
+    if not own:
         (default,) = {s.default for s in declared}
-    help_text = "; ".join(dict.fromkeys(s.describe(with_default=False) for s in declared))
-    return dataclasses.field(default=default, metadata={"settings": declared, "help": f"{help_text} (default {default})"})
+    named = len(declared) > 1            # a key of several methods: each line says whose
+    help_text = "; ".join(f"{s.method}: " * named + s.describe(with_default=False) for s in declared)
+    shown = f"{default}" + (": each method's own" if own and default is None else "")
+    return dataclasses.field(default=default, metadata={"settings": declared, "help": f"{help_text} (default {shown})"})
 
 
 def setting_problems(config: Any) -> list[str]:

@@ -35,8 +35,9 @@ def method_field(key: str) -> Any:
     """The fit config's field for setting ``key`` of every method that declares it (:data:`SETTINGS`); where
     their defaults differ (``k``, ``D``) the default is None: each method's own."""
     declared = [s for settings in SETTINGS.values() for s in settings.settings() if s.key == key]
-    defaults = {repr(s.default) for s in declared}
-    return setting_field(*declared, default=declared[0].default if len(defaults) == 1 else None)
+    if len({repr(s.default) for s in declared}) == 1:
+        return setting_field(*declared)
+    return setting_field(*declared, default=None)
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -3,6 +3,7 @@ nightly config keys, the CLI flags, the Spark Params — and the Spark ML surfac
 validate, a setter for every Param, handleInvalid, read-only fitted state)."""
 import dataclasses
 import json
+import pickle
 import typing
 
 import numpy as np
@@ -27,6 +28,7 @@ def base_type(hint):
 def test_method_is_its_name():
     assert Method.ABTT == "abtt" and {"abtt": 1}[Method.ABTT] == 1 and Method("flow") is Method.FLOW
     assert f"{Method.ABTT}-x" == "abtt-x" and json.dumps([Method.NONE]) == '["none"]'
+    assert type(pickle.loads(pickle.dumps(Method.CENTER))) is str          # so it may enter Spark rows
     assert set(registered_methods()) == {m.value for m in CORRECTIONS}
 
 
