@@ -37,10 +37,12 @@ from .bootstrap import (DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, interval, mean_dr
                         selection_half, spearman_draws, spearman_rows)
 from .decision import whitening_k
 from .diagnostics import centred_spectrum
+from .methods import Method
 from .moments import Moments
 from .transforms import FittedTransform, choose_directions, fit_abtt, fit_center, fit_whitening
 
-RAW, PUBLISHED = "none", "published"
+RAW, PUBLISHED = Method.NONE, "published"
+ABTT_WHITENING = "abtt+whitening"   # the family of ABTT then whitening-k of the rest (a whitening fit)
 
 
 @dataclass(frozen=True)
@@ -99,23 +101,23 @@ def candidate_grid(state: Moments, artefact: Iterable[int] = (), extra_D: Iterab
         add(_as_list(item) if isinstance(item, (list, tuple)) else range(1, int(item) + 1), "recommendation")
     mp, _ = choose_directions(lam, n, d, "marchenko_pastur")
     add(mp, "marchenko_pastur")
-    grid = [Candidate(RAW, "none"), Candidate("center", "center")]
-    grid += [Candidate(f"abtt {_abtt_name(key)}", "abtt", key, None, tuple(origin))
+    grid = [Candidate(RAW, Method.NONE), Candidate(Method.CENTER, Method.CENTER)]
+    grid += [Candidate(f"abtt {_abtt_name(key)}", Method.ABTT, key, None, tuple(origin))
              for key, origin in sorted(abtt.items(), key=lambda item: (len(item[0]), item[0]))]
     ks: dict[int, list[str]] = {}
     for k, origin in [(whitening_k(lam, rows, whitening_variance), "variance"), (d // 4, "d/4"), (d // 2, "d/2")] + \
             [(k, "recommendation") for k in _as_list(list(extra_k))]:
         if limit_k >= 1:
             ks.setdefault(max(1, min(int(k), limit_k)), []).append(origin)
-    grid += [Candidate(f"whitening k={k}", "whitening", (), k, tuple(origin)) for k, origin in sorted(ks.items())]
+    grid += [Candidate(f"whitening k={k}", Method.WHITENING, (), k, tuple(origin)) for k, origin in sorted(ks.items())]
     removed = tuple(artefact) if artefact and len(artefact) <= limit_D else tuple(range(1, min(thumb, limit_D) + 1))
     rest = min(d - len(removed), limit_k - len(removed))
     if removed and rest >= 1:
         k = max(1, min(whitening_k(np.delete(lam, [j - 1 for j in removed]), rows, whitening_variance), rest))
-        grid.append(Candidate(f"abtt+whitening {_abtt_name(removed)} k={k}", "abtt+whitening", removed, k,
+        grid.append(Candidate(f"abtt+whitening {_abtt_name(removed)} k={k}", ABTT_WHITENING, removed, k,
                               ("artefact",) if artefact and removed == tuple(artefact) else ("d/100",)))
     if cluster_recenter:
-        grid.append(Candidate("cluster_recenter", "cluster_recenter"))
+        grid.append(Candidate(Method.CLUSTER_RECENTER, Method.CLUSTER_RECENTER))
     return grid
 
 
@@ -123,17 +125,17 @@ def fit_candidate(state: Moments, candidate: Candidate,
                   cluster_recenter: FittedTransform | None = None) -> FittedTransform | None:
     """``candidate`` fitted from ``state`` (None for raw); cluster_recenter is the given fit (k-means is not a
     moments fit, so it is the same transform whatever rows the state holds)."""
-    if candidate.family == "none":
+    if candidate.family == Method.NONE:
         return None
-    if candidate.family == "center":
+    if candidate.family == Method.CENTER:
         return fit_center(state)
-    if candidate.family == "abtt":
+    if candidate.family == Method.ABTT:
         return fit_abtt(state, directions=list(candidate.directions))
-    if candidate.family == "whitening":
+    if candidate.family == Method.WHITENING:
         return fit_whitening(state, k=candidate.k)
-    if candidate.family == "abtt+whitening":
+    if candidate.family == ABTT_WHITENING:
         return fit_whitening(state, k=candidate.k, exclude=list(candidate.directions))
-    if candidate.family == "cluster_recenter":
+    if candidate.family == Method.CLUSTER_RECENTER:
         if cluster_recenter is None:
             raise ValueError("the cluster_recenter candidate needs a fitted ClusterRecenter")
         return cluster_recenter

@@ -27,12 +27,13 @@ import numpy as np
 from .diagnostics import centred_spectrum, diagnose
 from .moments import InvalidVectorsError, Moments
 from .row_keys import row_ids, row_keys, split_row_ids
+from .methods import ClusterRecenterSettings, Method
 from .transforms import FittedTransform, check_shape, map_blocks, register
 
 METRICS = ("euclidean", "cosine")
-DEFAULT_MAX_ITER = 50
-DEFAULT_TOL = 1e-4          # relative inertia change below which Lloyd iterations stop
-DEFAULT_INIT_STEPS = 2      # k-means|| rounds (Spark ML's default initSteps)
+DEFAULT_MAX_ITER = ClusterRecenterSettings.max_iter
+DEFAULT_TOL = ClusterRecenterSettings.tol                 # relative inertia change below which Lloyd iterations stop
+DEFAULT_INIT_STEPS = ClusterRecenterSettings.init_steps   # k-means|| rounds
 DEFAULT_OVERSAMPLING = 2.0  # k-means|| expected candidates per round = oversampling · k
 LOCAL_MAX_ITER = 30         # weighted Lloyd iterations on the k-means|| candidates (as Spark ML)
 DEFAULT_SAMPLE_SIZE = 1 << 17   # rows k-means is fitted on in one process before the full-table passes
@@ -600,7 +601,7 @@ class ClusterRecenter(FittedTransform):
     :meth:`apply_with_clusters` also returns the cluster ids.
     """
 
-    method = "cluster_recenter"
+    method = Method.CLUSTER_RECENTER
 
     def __init__(self, metric: str, centroids: np.ndarray, means: np.ndarray, directions: np.ndarray,
                  sizes: np.ndarray, fit_info: Mapping[str, Any] | None = None):

@@ -57,10 +57,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from .artefact_evidence import DEFAULT_ALPHA, DEFAULT_PERMUTATIONS
+from .methods import Method
 from .transforms import choose_directions, max_abs_corr, rule_of_thumb_d
-
-METHODS = ("none", "center", "abtt", "whitening", "cluster_recenter")
-
 
 @dataclass(frozen=True)
 class DecisionThresholds:
@@ -223,7 +221,7 @@ def recommend(report: Mapping[str, Any], clusters: Mapping[str, Any] | None = No
     concentrated = steep or spiky or above >= 1
     rec = _mixture(clusters, t, evidence, above)
     if rec is None and removable:
-        rec = Recommendation("abtt", D=len(removable), directions=removable, reasons=[
+        rec = Recommendation(Method.ABTT, D=len(removable), directions=removable, reasons=[
             _artefact_reason(rows, j, t, artefact) for j in removable] + [
             f"ABTT removes exactly principal direction(s) {removable} (rule: {rule}); whitening would only "
             "rescale them to unit variance and keep the artefact"])
@@ -239,8 +237,8 @@ def recommend(report: Mapping[str, Any], clusters: Mapping[str, Any] | None = No
         rec.reasons.append(f"protect_label_direction keeps principal direction(s) {protected} although the artefact "
                            "test flags them, because labels significantly separate along them")
     rec.evidence = {**evidence, **rec.evidence}
-    rec.verified = rec.method in ("none", "center", "cluster_recenter") or (
-        rec.method == "abtt" and set(rec.directions or []) <= set(removable))
+    rec.verified = rec.method in (Method.NONE, Method.CENTER, Method.CLUSTER_RECENTER) or (
+        rec.method == Method.ABTT and set(rec.directions or []) <= set(removable))
     rec.reasons += _not_evidence_reasons(rows, t)
     _label_guards(rec, rows, t)
     _sample_warnings(rec, report, t)
@@ -251,15 +249,15 @@ def _center_or_none(report: Mapping[str, Any], t: DecisionThresholds, sigmas: fl
                     top1: float, concentrated: bool) -> Recommendation:
     """Branches 3 and 4: centring when the offset is real, else nothing; both delete no direction."""
     if sigmas > t.offset_sigmas:
-        return Recommendation("center", reasons=[
+        return Recommendation(Method.CENTER, reasons=[
             f"the offset dominates: A = {report['anisotropy_A']:.4f} is {sigmas:.1f} isotropic SDs "
             f"(1/√d = {report['isotropic_sd']:.4f}) above its null {null:.4f}; centring subtracts the mean and "
             "deletes no direction (chapter 1/3: just centre)"])
     if concentrated:
-        return Recommendation("none", reasons=[
+        return Recommendation(Method.NONE, reasons=[
             f"no verified correction: A is {sigmas:.1f} ≤ {t.offset_sigmas} isotropic SDs above its null "
             f"{null:.4f} and no direction is a verified artefact (α = {alpha:.2f}, top-1 share {top1:.3f})"])
-    return Recommendation("none", reasons=[
+    return Recommendation(Method.NONE, reasons=[
         f"already isotropic: A is {sigmas:.1f} ≤ {t.offset_sigmas} isotropic SDs above its null {null:.4f} and "
         f"the spectrum is flat (α = {alpha:.2f}, top-1 share {top1:.3f}); correcting it would only add a "
         "fitted artefact and amplify noise (chapter 7, failure six: e.g. a contrastive embedder)"])
@@ -326,7 +324,7 @@ def _mixture(clusters: Mapping[str, Any] | None, t: DecisionThresholds, evidence
                      "larger effective rank than the whole corpus"] * local + [
         f"a global mean would leave one cluster with induced anisotropy {worst:.3f} ≥ {t.induced_A_max}"
     ] * (worst >= t.induced_A_max))
-    return Recommendation("cluster_recenter", k=len(rows), reasons=[
+    return Recommendation(Method.CLUSTER_RECENTER, k=len(rows), reasons=[
         f"the corpus is a mixture of {len(rows)} clusters ({why}); subtract each cluster's own mean "
         "(chapter 7: the mean belongs to nobody); it deletes no direction"])
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .methods import FlowSettings, Method
 from .transforms import FittedTransform, check_input, register
 
 LOG_2PI = math.log(2.0 * math.pi)
@@ -71,8 +72,8 @@ class FlowArchitecture:
     """Shape of the stack: dimension ``d``, ``couplings`` K, MLP width ``hidden``; split = ⌊d/2⌋."""
 
     d: int
-    couplings: int = 4
-    hidden: int = 32
+    couplings: int = FlowSettings.couplings
+    hidden: int = FlowSettings.hidden
 
     @property
     def split(self) -> int:
@@ -215,8 +216,10 @@ class TrainingLog:
     final_nll: float
 
 
-def train_flow(sample: np.ndarray, couplings: int = 4, hidden: int = 32, steps: int = 300,
-               batch_size: int = 256, learning_rate: float = 1e-2, seed: int = 0) -> tuple[Flow, np.ndarray, TrainingLog]:
+def train_flow(sample: np.ndarray, couplings: int = FlowSettings.couplings, hidden: int = FlowSettings.hidden,
+               steps: int = FlowSettings.steps, batch_size: int = FlowSettings.batch_size,
+               learning_rate: float = FlowSettings.learning_rate,
+               seed: int = FlowSettings.seed) -> tuple[Flow, np.ndarray, TrainingLog]:
     """Fit a flow to ``sample`` (n, d) raw vectors by maximum likelihood with Adam (β = 0.9, 0.999), the step
     size following a cosine schedule from ``learning_rate`` down to 0 (the last steps settle instead of
     jittering around the optimum at full step size).
@@ -269,7 +272,7 @@ class FlowTransform(FittedTransform):
     nll before/after) in the manifest params.
     """
 
-    method = "flow"
+    method = Method.FLOW
 
     def __init__(self, mean, flow: Flow, training: dict | None = None):
         super().__init__(mean)
@@ -302,8 +305,9 @@ class FlowTransform(FittedTransform):
         return self.flow.inverse(z) + self.mean
 
 
-def fit_flow(sample: np.ndarray, couplings: int = 4, hidden: int = 32, steps: int = 300, batch_size: int = 256,
-             learning_rate: float = 1e-2, seed: int = 0) -> FlowTransform:
+def fit_flow(sample: np.ndarray, couplings: int = FlowSettings.couplings, hidden: int = FlowSettings.hidden,
+             steps: int = FlowSettings.steps, batch_size: int = FlowSettings.batch_size,
+             learning_rate: float = FlowSettings.learning_rate, seed: int = FlowSettings.seed) -> FlowTransform:
     """Train a flow on the raw ``sample`` (n, d) (see :func:`train_flow`) and wrap it as a fitted transform."""
     flow, mean, log = train_flow(sample, couplings, hidden, steps, batch_size, learning_rate, seed)
     return FlowTransform(mean, flow, {"sample_size": log.n, "steps": log.steps, "batch_size": log.batch_size,

@@ -30,12 +30,13 @@ from typing import Any, Callable, ClassVar, Union
 import numpy as np
 
 from .diagnostics import covariance_spectrum, dual_spectrum, marchenko_pastur_edges
+from .methods import Method, WhiteningSettings
 from .moments import InvalidVectorsError, Moments
 
 REGISTRY: dict[str, type["FittedTransform"]] = {}
-PLUGINS = {"cluster_recenter": "anisotropy_core.clustering", "flow": "anisotropy_core.flow"}   # method → module that registers it
+PLUGINS = {Method.CLUSTER_RECENTER: "anisotropy_core.clustering", Method.FLOW: "anisotropy_core.flow"}   # method → module that registers it
 
-DEFAULT_EPS = 1e-12   # whitening clamp: eigenvalues below eps·λ₁ are raised to eps·λ₁
+DEFAULT_EPS = WhiteningSettings.eps   # whitening clamp: eigenvalues below eps·λ₁ are raised to eps·λ₁
 APPLY_BLOCK_ROWS = 256    # rows per block of apply: its float64 scratch (256 × d × 8 bytes) stays in the CPU cache
 
 
@@ -209,7 +210,7 @@ def check_input(x: np.ndarray, d: int, first_row: int = 0) -> np.ndarray:
 class Center(FittedTransform):
     """z = v − μ (the offset fix: removes the rank-one spike μμᵀ from S = Σ + μμᵀ)."""
 
-    method = "center"
+    method = Method.CENTER
 
     @classmethod
     def from_parts(cls, params, arrays):
@@ -231,7 +232,7 @@ class AllButTheTop(FittedTransform):
     indices (any set, e.g. [1, 3]; default the top D) (see :func:`choose_directions`).
     """
 
-    method = "abtt"
+    method = Method.ABTT
 
     def __init__(self, mean, components, eigenvalues, d_rule="explicit", directions=None):
         super().__init__(mean)
@@ -288,7 +289,7 @@ class Whitening(FittedTransform):
     ``clamped`` counts kept eigenvalues that were raised to the clamp floor eps·λ₁.
     """
 
-    method = "whitening"
+    method = Method.WHITENING
 
     def __init__(self, mean, matrix, eigenvalues, k, shrinkage=0.0, eps=DEFAULT_EPS, zca=False,
                  normalize=False, clamped=0):
@@ -339,7 +340,7 @@ class AbttPcaAbtt(FittedTransform):
     and PCA-k spectra, kept for reporting.
     """
 
-    method = "abtt_pca_abtt"
+    method = Method.ABTT_PCA_ABTT
 
     def __init__(self, mean, first_components, basis, second_components, eigenvalues, reduced_eigenvalues,
                  d_rule="explicit", d2_rule="explicit"):
@@ -606,7 +607,8 @@ def fit_abtt_pca_abtt(data: FitData, D: int | None = None, k: int | None = None,
                        reduced.eigenvalues, first.d_rule, rule)
 
 
-FITTERS = {"center": fit_center, "abtt": fit_abtt, "whitening": fit_whitening, "abtt_pca_abtt": fit_abtt_pca_abtt}
+FITTERS = {Method.CENTER: fit_center, Method.ABTT: fit_abtt, Method.WHITENING: fit_whitening,
+           Method.ABTT_PCA_ABTT: fit_abtt_pca_abtt}
 
 
 def fit(method: str, data: FitData, **params) -> FittedTransform:

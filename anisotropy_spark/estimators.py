@@ -15,11 +15,17 @@ method registry (:func:`estimator_for`).
   is checked finite after that cast (float64 results can overflow float32). ``save(path)`` writes the
   versioned artifact (``manifest.json`` + ``arrays.npz``, see :mod:`anisotropy_core.artifact`) plus the
   pyspark.ml ``metadata/`` folder, so the model also loads as a ``PipelineModel`` stage; ``load(path)``
-  accepts either (a bare artifact written by plain numpy loads with default column params).
+  accepts either (a bare artifact written by plain numpy loads with default column params). ``handleInvalid``
+  (``unchecked`` default | ``error`` | ``keep``, with ``idCol``) checks the rows against the input contract in
+  the same pass. The fitted arrays are read-only properties (``mean``, ``components``, ``clusterCenters``, …).
 
-A new correction plugs in by subclassing :class:`CorrectionEstimator` (registered with
-:func:`register_estimator`) and implementing ``_fit_transform(vectors_df, vector_col, d) -> (FittedTransform,
-n)``. Its model class (``model_class``, registered for its transform method with :func:`register_model_class`
+Each method's Params are its settings of :mod:`anisotropy_core.methods` (:mod:`anisotropy_spark.params`):
+every Estimator takes them by keyword, has a ``set<Name>`` for each, and refuses a value outside a setting's
+constraint wherever it is set.
+
+A new correction plugs in by declaring its settings (:mod:`anisotropy_core.methods`), subclassing
+:class:`CorrectionEstimator` (registered with :func:`register_estimator`) and implementing
+``_fit_transform(vectors_df, vector_col, d) -> (FittedTransform, n)``. Its model class (``model_class``, registered for its transform method with :func:`register_model_class`
 so :meth:`CorrectionModel.from_artifact` and :meth:`CorrectionModel.load` return it) may write more than
 ``outputCol`` (cluster recentering also writes the cluster id) by overriding
 :meth:`CorrectionModel.extra_output_fields` and :meth:`CorrectionModel.batch_outputs`.
@@ -27,12 +33,12 @@ so :meth:`CorrectionModel.from_artifact` and :meth:`CorrectionModel.load` return
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
-from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
+from pyspark.ml.param import Param
 from pyspark.ml.util import (DefaultParamsReadable, DefaultParamsReader, DefaultParamsWritable,
                              DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter)
 from pyspark.sql import DataFrame, SparkSession
@@ -41,34 +47,34 @@ from pyspark.sql.types import ArrayType, DoubleType, FloatType, StringType, Stru
 from anisotropy_core import storage
 from anisotropy_core.artifact import Artifact, ArtifactError, build_manifest, load_artifact, save_artifact
 from anisotropy_core.flow import fit_flow
+from anisotropy_core.methods import Method, param_name, settings_of
 from anisotropy_core.moments import Moments
-from anisotropy_core.transforms import (DEFAULT_EPS, FitData, FittedTransform, fit_abtt, fit_abtt_pca_abtt,
-                                        fit_center, fit_whitening)
+from anisotropy_core.transforms import FitData, FittedTransform, fit_abtt, fit_abtt_pca_abtt, fit_center, fit_whitening
 
 from .arrow import batch_matrix, matrix_column
 from .contract import REASON_COLUMN, ForeignDimensionError, TransformRowError, check_batch, first_invalid_error
 from .diagnostics import sample_rows
 from .io import TableRef, as_vector_array, infer_dimension
 from .moments import arrow_batch_rows, corpus_moments
-from .params import (OUTPUT_DTYPES, HasOutputDtype, _AbttPcaAbttParams, _AllButTheTopParams, _CorrectionParams,
-                     _FlowParams, _WhiteningParams, param_name)
+from .params import (_AbttPcaAbttParams, _AllButTheTopParams, _CorrectionParams, _FlowParams, _TransformParams,
+                     _WhiteningParams)
 from .table_files import TableFiles
 from .worker_errors import raised_in_workers
 
-_MODEL_CLASSES: dict[str, type["CorrectionModel"]] = {}
-_ESTIMATOR_CLASSES: dict[str, type["CorrectionEstimator"]] = {}
+_MODEL_CLASSES: dict[Method, type["CorrectionModel"]] = {}
+_ESTIMATOR_CLASSES: dict[Method, type["CorrectionEstimator"]] = {}
 # methods whose classes live in another module of this package: imported on first use, so
 # ``estimator_for`` and ``CorrectionModel.from_artifact`` work without the caller importing that module
-_METHOD_MODULES = {"cluster_recenter": "anisotropy_spark.kmeans"}
+_METHOD_MODULES = {Method.CLUSTER_RECENTER: "anisotropy_spark.kmeans"}
 
 
-def _registered(table: dict[str, type], method: str) -> type | None:
+def _registered(table: dict[Method, type], method: str) -> type | None:
     if method not in table and method in _METHOD_MODULES:
         importlib.import_module(_METHOD_MODULES[method])
     return table.get(method)
 
 
-def register_estimator(method: str) -> Callable[[type], type]:
+def register_estimator(method: Method) -> Callable[[type], type]:
     """Class decorator: ``estimator_for(method, ...)`` builds this :class:`CorrectionEstimator` subclass.
     A new correction registers its Estimator here and its Model with :func:`register_model_class`."""
 
@@ -83,7 +89,8 @@ def estimator_for(method: str, params: Mapping[str, Any] | None = None,
                   input_col: str = "vector") -> "CorrectionEstimator":
     """The Estimator of correction ``method`` reading ``input_col``, with ``params`` given by config key
     (snake_case, e.g. ``{"D": 3, "max_D": 5}`` or ``{"k": 8, "distance_measure": "cosine"}``: see
-    :func:`~anisotropy_spark.params.param_name`); None values keep the Param's default."""
+    :func:`~anisotropy_core.methods.param_name`); None values keep the Param's default. A value its Param's
+    converter refuses (a wrong type, a broken constraint) raises ValueError naming ``<method>.<key>``."""
     estimator_cls = _registered(_ESTIMATOR_CLASSES, method)
     if estimator_cls is None:
         raise ValueError(f"unknown correction method {method!r}; registered: {registered_methods()}")
@@ -96,26 +103,26 @@ def estimator_for(method: str, params: Mapping[str, Any] | None = None,
         if value is not None:
             try:
                 estimator._set(**{name: value})
-            except TypeError as exc:
+            except (TypeError, ValueError) as exc:
                 raise ValueError(f"{method}.{key}: {exc}") from exc
     return estimator
 
 
 def method_params(method: str, settings: Mapping[str, Any]) -> dict[str, Any]:
-    """The entries of ``settings`` (config keys) that name a Param of ``method``'s Estimator — what a job
-    config holding the settings of several methods passes to :func:`estimator_for`."""
-    estimator = estimator_for(method, {})
-    return {key: value for key, value in settings.items() if estimator.hasParam(param_name(key))}
+    """The entries of ``settings`` (config keys) that are settings of ``method``
+    (:func:`~anisotropy_core.methods.settings_of`) — what a job config holding the settings of several methods
+    passes to :func:`estimator_for`."""
+    return {s.key: settings[s.key] for s in settings_of(method).settings() if s.key in settings}
 
 
 def registered_methods() -> list[str]:
     """Every correction method with a registered Estimator (including those of lazily imported modules)."""
     for module in set(_METHOD_MODULES.values()):
         importlib.import_module(module)
-    return sorted(_ESTIMATOR_CLASSES)
+    return sorted(m.value for m in _ESTIMATOR_CLASSES)
 
 
-def register_model_class(method: str) -> Callable[[type["CorrectionModel"]], type["CorrectionModel"]]:
+def register_model_class(method: Method) -> Callable[[type["CorrectionModel"]], type["CorrectionModel"]]:
     """Class decorator: artifacts of transform ``method`` load as this :class:`CorrectionModel` subclass."""
 
     def decorate(model_cls: type["CorrectionModel"]) -> type["CorrectionModel"]:
@@ -132,21 +139,53 @@ def model_class_for(method: str) -> type["CorrectionModel"]:
     return _registered(_MODEL_CLASSES, method) or CorrectionModel
 
 
+def _class_params(cls: type) -> list[str]:
+    """The names of the Params ``cls`` declares or inherits."""
+    return sorted(name for name in dir(cls) if isinstance(getattr(cls, name, None), Param))
+
+
+def _setter_name(param: str) -> str:
+    return "set" + param[:1].upper() + param[1:]
+
+
+def _add_setters(cls: type, params: Sequence[str]) -> None:
+    """Give ``cls`` a ``set<Name>(value)`` (sets the Param, returns the instance) for each of ``params`` it has no
+    setter for."""
+    for name in params:
+        if not hasattr(cls, _setter_name(name)):
+            def set_param(self, value, name=name):
+                return self._set(**{name: value})
+
+            set_param.__name__ = _setter_name(name)
+            set_param.__doc__ = f"Set {name}; returns this instance."
+            setattr(cls, set_param.__name__, set_param)
+
+
 class CorrectionEstimator(Estimator, _CorrectionParams, DefaultParamsReadable, DefaultParamsWritable):
     """Base Estimator: reads ``inputCol``, infers d, delegates the math to ``_fit_transform``.
 
     ``model_class``: the :class:`CorrectionModel` (sub)class ``fit`` returns; every param the model shares
     with the estimator by name (the columns and, for a method's own model class, its Params) is copied over.
+
+    Every Param has a setter ``set<Name>`` (written by hand or added when the subclass is defined), and is set
+    by keyword at construction or with :meth:`setParams`; see ``explainParams()`` for each one's meaning,
+    default and constraint (from :mod:`anisotropy_core.methods`).
     """
 
     model_class: type["CorrectionModel"]   # set below, once CorrectionModel exists
     moment_based = True                    # the fit is a function of the merged moments (see fitMoments)
 
-    def setInputCol(self, value: str):
-        return self._set(inputCol=value)
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        _add_setters(cls, _class_params(cls))
 
-    def setOutputCol(self, value: str):
-        return self._set(outputCol=value)
+    def __init__(self, **params: Any):
+        super().__init__()
+        self.setParams(**params)
+
+    def setParams(self, **params: Any) -> "CorrectionEstimator":
+        """Set Params by name (e.g. ``inputCol="v", D=2``); an unknown name raises AttributeError."""
+        return self._set(**params)
 
     def _fit(self, dataset: DataFrame) -> "CorrectionModel":
         col = self.getInputCol()
@@ -196,24 +235,30 @@ class CorrectionEstimator(Estimator, _CorrectionParams, DefaultParamsReadable, D
         raise NotImplementedError
 
 
-@register_estimator("center")
+@register_estimator(Method.CENTER)
 class CenterEstimator(CorrectionEstimator):
-    """Subtract the corpus mean."""
+    """Subtract the corpus mean.
 
-    @keyword_only
-    def __init__(self, *, inputCol: str | None = None, outputCol: str | None = None):
-        super().__init__()
-        self.setParams(**self._input_kwargs)
-
-    @keyword_only
-    def setParams(self, *, inputCol: str | None = None, outputCol: str | None = None) -> "CenterEstimator":
-        return self._set(**self._input_kwargs)
+    Examples
+    --------
+    >>> df = spark.createDataFrame([(i, [float(i % 3), float(i % 5), float(i % 7), 1.0 + i / 10])
+    ...                             for i in range(40)], "id long, vector array<double>")
+    >>> model = CenterEstimator(outputCol="centred").fit(df)
+    >>> model.mean.round(2).tolist()
+    [0.98, 2.0, 2.88, 2.95]
+    >>> out = model.transform(df)
+    >>> out.columns
+    ['id', 'vector', 'centred']
+    >>> model.save(temp_path + "/center")
+    >>> CorrectionModel.load(temp_path + "/center").transform_version == model.transform_version
+    True
+    """
 
     def _fit_moments(self, state):
         return fit_center(state)
 
 
-@register_estimator("abtt")
+@register_estimator(Method.ABTT)
 class AllButTheTopEstimator(CorrectionEstimator, _AllButTheTopParams):
     """Centre, then remove the top-D directions of the centred covariance (seed chapter 3).
 
@@ -221,114 +266,98 @@ class AllButTheTopEstimator(CorrectionEstimator, _AllButTheTopParams):
     ``transform_.d_rule`` "rule_of_thumb_d/100 (unverified)": "a starting point, not an answer"), or
     ``directions`` (e.g. the artefact test's significant set). The Marchenko–Pastur count is a diagnostic of
     :func:`anisotropy_core.diagnose`, never the default.
+
+    Examples
+    --------
+    >>> df = spark.createDataFrame([(i, [float(i % 3), float(i % 5), float(i % 7), 1.0 + i / 10])
+    ...                             for i in range(40)], "id long, vector array<double>")
+    >>> abtt = AllButTheTopEstimator(D=1, outputCol="out")
+    >>> model = abtt.fit(df)
+    >>> model.getD(), model.components.shape, model.eigenvalues.shape
+    (1, (1, 4), (4,))
+    >>> out = np.array([row["out"] for row in model.transform(df).collect()])
+    >>> bool(np.allclose(out @ model.components.T, 0))          # nothing left along the removed direction
+    True
+    >>> model.save(temp_path + "/abtt")
+    >>> loaded = AllButTheTopModel.load(temp_path + "/abtt")
+    >>> loaded.getD(), loaded.transform_version == model.transform_version
+    (1, True)
     """
-
-    @keyword_only
-    def __init__(self, *, inputCol: str | None = None, outputCol: str | None = None,
-                 D: int | None = None, maxD: int | None = None, directions: list[int] | None = None):
-        super().__init__()
-        self.setParams(**self._input_kwargs)
-
-    @keyword_only
-    def setParams(self, *, inputCol: str | None = None, outputCol: str | None = None,
-                  D: int | None = None, maxD: int | None = None,
-                  directions: list[int] | None = None) -> "AllButTheTopEstimator":
-        return self._set(**self._input_kwargs)
-
-    def setD(self, value: int | None) -> "AllButTheTopEstimator":
-        return self._set(D=value)
-
-    def setMaxD(self, value: int | None) -> "AllButTheTopEstimator":
-        return self._set(maxD=value)
-
-    def setDirections(self, value: list[int] | None) -> "AllButTheTopEstimator":
-        return self._set(directions=value)
 
     def _fit_moments(self, state):
         return fit_abtt(state, D=self.getD(), max_D=self.getMaxD(), directions=self.getDirections())
 
 
-@register_estimator("whitening")
+@register_estimator(Method.WHITENING)
 class WhiteningEstimator(CorrectionEstimator, _WhiteningParams):
-    """Whitening-k (seed chapter 6): W = U_k Λ_k^{-1/2}, optional shrinkage, clamp, ZCA, L2 output."""
+    """Whitening-k (seed chapter 6): W = U_k Λ_k^{-1/2}, optional shrinkage, clamp, ZCA, L2 output.
 
-    @keyword_only
-    def __init__(self, *, inputCol: str | None = None, outputCol: str | None = None, k: int | None = None,
-                 shrinkage: float = 0.0, eps: float = DEFAULT_EPS, zca: bool = False, normalize: bool = False,
-                 exclude: list[int] | None = None):
-        super().__init__()
-        self.setParams(**self._input_kwargs)
+    Examples
+    --------
+    >>> df = spark.createDataFrame([(i, [float(i % 3), float(i % 5), float(i % 7), 1.0 + i / 10])
+    ...                             for i in range(40)], "id long, vector array<double>")
+    >>> model = WhiteningEstimator(k=2, outputCol="white").fit(df)
+    >>> model.getK(), model.matrix.shape, model.numOutputFeatures
+    (2, (4, 2), 2)
+    >>> out = np.array([row["white"] for row in model.transform(df).collect()])
+    >>> bool(np.allclose(np.cov(out.T, bias=True), np.eye(2)))   # unit variance, uncorrelated
+    True
+    >>> model.save(temp_path + "/white")
+    >>> WhiteningModel.load(temp_path + "/white").getK()
+    2
+    """
 
-    @keyword_only
-    def setParams(self, *, inputCol: str | None = None, outputCol: str | None = None, k: int | None = None,
-                  shrinkage: float = 0.0, eps: float = DEFAULT_EPS, zca: bool = False,
-                  normalize: bool = False, exclude: list[int] | None = None) -> "WhiteningEstimator":
-        return self._set(**self._input_kwargs)
-
-    def setK(self, value: int | None) -> "WhiteningEstimator":
-        return self._set(k=value)
-
-    def setShrinkage(self, value: float) -> "WhiteningEstimator":
-        return self._set(shrinkage=value)
-
-    def setEps(self, value: float) -> "WhiteningEstimator":
-        return self._set(eps=value)
-
-    def setZca(self, value: bool) -> "WhiteningEstimator":
-        return self._set(zca=value)
-
-    def setNormalize(self, value: bool) -> "WhiteningEstimator":
-        return self._set(normalize=value)
-
-    def setExclude(self, value: list[int] | None) -> "WhiteningEstimator":
-        return self._set(exclude=value)
 
     def _fit_moments(self, state):
         return fit_whitening(state, k=self.getK(), shrinkage=self.getShrinkage(), eps=self.getEps(),
                              zca=self.getZca(), normalize=self.getNormalize(), exclude=self.getExclude())
 
 
-@register_estimator("abtt_pca_abtt")
+@register_estimator(Method.ABTT_PCA_ABTT)
 class AbttPcaAbttEstimator(CorrectionEstimator, _AbttPcaAbttParams):
     """ABTT (D) → PCA-k → ABTT refitted on the reduced output (D2) (seed ch. 3, "Does it compose?").
 
     ``D``/``D2`` default to the rule of thumb (as :class:`AllButTheTopEstimator`), ``k`` to ⌈d/3⌉; one pass.
+
+    Examples
+    --------
+    >>> df = spark.createDataFrame([(i, [float(i % 3), float(i % 5), float(i % 7), 1.0 + i / 10])
+    ...                             for i in range(40)], "id long, vector array<double>")
+    >>> model = AbttPcaAbttEstimator(D=1, k=2, D2=1, outputCol="reduced").fit(df)
+    >>> model.firstComponents.shape, model.basis.shape, model.secondComponents.shape
+    ((1, 4), (4, 2), (1, 2))
+    >>> len(model.transform(df).first()["reduced"])
+    2
+    >>> model.save(temp_path + "/apa")
+    >>> AbttPcaAbttModel.load(temp_path + "/apa").getK()
+    2
     """
-
-    @keyword_only
-    def __init__(self, *, inputCol: str | None = None, outputCol: str | None = None, D: int | None = None,
-                 k: int | None = None, D2: int | None = None, maxD: int | None = None):
-        super().__init__()
-        self.setParams(**self._input_kwargs)
-
-    @keyword_only
-    def setParams(self, *, inputCol: str | None = None, outputCol: str | None = None, D: int | None = None,
-                  k: int | None = None, D2: int | None = None, maxD: int | None = None) -> "AbttPcaAbttEstimator":
-        return self._set(**self._input_kwargs)
 
     def _fit_moments(self, state):
         return fit_abtt_pca_abtt(state, D=self.getD(), k=self.getK(), D2=self.getD2(), max_D=self.getMaxD())
 
 
-@register_estimator("flow")
+@register_estimator(Method.FLOW)
 class FlowEstimator(CorrectionEstimator, _FlowParams):
     """BERT-flow (seed ch. 5): a Glow-style flow (:mod:`anisotropy_core.flow`) trained by maximum likelihood
-    on a uniform sample of ``sampleSize`` rows collected on the driver, for ``steps`` Adam steps."""
+    on a uniform sample of ``sampleSize`` rows collected on the driver, for ``steps`` Adam steps.
+
+    Examples
+    --------
+    >>> df = spark.createDataFrame([(i, [float(i % 3), float(i % 5), float(i % 7), 1.0 + i / 10])
+    ...                             for i in range(40)], "id long, vector array<double>")
+    >>> flow = FlowEstimator(sampleSize=40, steps=5, couplings=1, hidden=4, batchSize=10, seed=0)
+    >>> model = flow.setOutputCol("latent").fit(df)
+    >>> model.trainingLog["sample_size"], model.trainingLog["steps"]
+    (40, 5)
+    >>> len(model.transform(df).first()["latent"])
+    4
+    >>> model.save(temp_path + "/flow")
+    >>> FlowModel.load(temp_path + "/flow").transform_version == model.transform_version
+    True
+    """
 
     moment_based = False
-
-    @keyword_only
-    def __init__(self, *, inputCol: str | None = None, outputCol: str | None = None, sampleSize: int = 5000,
-                 steps: int = 300, couplings: int = 4, hidden: int = 32, batchSize: int = 256,
-                 learningRate: float = 1e-2, seed: int = 0):
-        super().__init__()
-        self.setParams(**self._input_kwargs)
-
-    @keyword_only
-    def setParams(self, *, inputCol: str | None = None, outputCol: str | None = None, sampleSize: int = 5000,
-                  steps: int = 300, couplings: int = 4, hidden: int = 32, batchSize: int = 256,
-                  learningRate: float = 1e-2, seed: int = 0) -> "FlowEstimator":
-        return self._set(**self._input_kwargs)
 
     def _fit_transform(self, vectors, col, d):
         sample, _ = sample_rows(vectors, col, d, [], self.getSampleSize(), self.getSeed())
@@ -338,10 +367,25 @@ class FlowEstimator(CorrectionEstimator, _FlowParams):
         return transform, int(sample.shape[0])
 
 
-class CorrectionModel(Model, _CorrectionParams, HasOutputDtype, MLReadable, MLWritable):
+class CorrectionModel(Model, _CorrectionParams, _TransformParams, MLReadable, MLWritable):
     """A fitted correction applied batch-wise. ``transform_``: the numpy transform; ``n``: fit size;
     ``fitted_on``: {"path", "format", "version"} of the fit table or None (recorded in the artifact).
+
+    Settable Params (each with a setter): ``inputCol``, ``outputCol``, ``outputDtype``, ``handleInvalid``,
+    ``idCol`` (and a subclass's own output columns, e.g. ``predictionCol``). The method's Params (``D``, ``k``,
+    …) hold the fitted values and are read-only; the fitted arrays are read-only properties (:attr:`mean`, and
+    per method e.g. :attr:`AllButTheTopModel.components`).
     """
+
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        _add_setters(cls, cls._settable_params())
+
+    @classmethod
+    def _settable_params(cls) -> list[str]:
+        """Every Param of the class but the fitted ones (its method's settings)."""
+        fitted = {s.param for s in cls.method_settings.settings()} if cls.method_settings else set()
+        return [name for name in _class_params(cls) if name not in fitted]
 
     def __init__(self, transform: FittedTransform | None = None, n: int = 0, fitted_on: dict | None = None):
         super().__init__()
@@ -371,25 +415,28 @@ class CorrectionModel(Model, _CorrectionParams, HasOutputDtype, MLReadable, MLWr
         self.fitted_on = {"path": table.path, "format": table.format, "version": table.version}
         return self
 
-    def setInputCol(self, value: str) -> "CorrectionModel":
-        return self._set(inputCol=value)
+    def setParams(self, **params: Any) -> "CorrectionModel":
+        """Set settable Params by name (e.g. ``outputCol="white", outputDtype="float32"``); a fitted Param
+        raises ValueError (it is read-only on a model)."""
+        fitted = sorted(set(params) - set(self._settable_params()) & {p.name for p in self.params})
+        if fitted:
+            raise ValueError(f"{fitted} are fitted Params of {type(self).__name__}, read-only on a model")
+        return self._set(**params)
 
-    def setOutputCol(self, value: str) -> "CorrectionModel":
-        return self._set(outputCol=value)
+    @property
+    def mean(self) -> np.ndarray:
+        """(d_in,) the mean of the fit rows (read-only)."""
+        return read_only(self.transform_.mean)
 
-    @keyword_only
-    def setParams(self, *, inputCol: str | None = None, outputCol: str | None = None,
-                  outputDtype: str | None = None) -> "CorrectionModel":
-        """The model's settable Params: its columns and output element type (the fitted Params are read-only
-        on a model)."""
-        if self._input_kwargs.get("outputDtype") is not None:
-            self.setOutputDtype(self._input_kwargs["outputDtype"])
-        return self._set(**{k: v for k, v in self._input_kwargs.items() if k != "outputDtype"})
+    @property
+    def numFeatures(self) -> int:
+        """d_in, the dimension of the input vectors."""
+        return self.transform_.d_in
 
-    def setOutputDtype(self, value: str) -> "CorrectionModel":
-        if value not in OUTPUT_DTYPES:
-            raise ValueError(f"outputDtype must be one of {sorted(OUTPUT_DTYPES)}, got {value!r}")
-        return self._set(outputDtype=value)
+    @property
+    def numOutputFeatures(self) -> int:
+        """d_out, the dimension of the output vectors."""
+        return self.transform_.d_out
 
     @property
     def transform_version(self) -> str:
@@ -408,38 +455,38 @@ class CorrectionModel(Model, _CorrectionParams, HasOutputDtype, MLReadable, MLWr
         return None
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
-        return self.transform_checked(dataset)
-
-    def transform_checked(self, dataset: DataFrame, checks: "RowChecks | None" = None) -> DataFrame:
-        """:meth:`transform`, optionally checking every row against the input contract in the same pass
-        (``checks``, see :class:`RowChecks`). Only builds the plan (no Spark job). Without ``checks``, a vector
-        whose dimension is not the transform's ``d_in`` fails the action that runs it, naming the batch row.
+        """Only builds the plan (no Spark job): ``outputCol`` (and :meth:`extra_output_fields`) from ``inputCol``,
+        every other column kept, rows checked against the input contract as ``handleInvalid`` says. With
+        ``handleInvalid`` ``unchecked``, a vector whose dimension is not the transform's ``d_in`` fails the action that
+        runs it, naming the batch row.
 
         The output vectors are declared ``array<float|double>`` with ``containsNull = false``: a row's vector is
         null (an invalid row) or a whole finite vector. Spark then copies each element out of the workers' Arrow
         batches without a per-element null check; a Delta table written from it keeps nullable element types."""
         df = as_vector_array(dataset, self.getInputCol())
-        return df.mapInArrow(*self._checked_batches(df.schema, checks))
+        return df.mapInArrow(*self._batches(df.schema))
 
-    def transform_files(self, spark: SparkSession, files: TableFiles, checks: "RowChecks | None" = None) -> DataFrame:
-        """:meth:`transform_checked` of the table whose data files are ``files`` (its vector column an array),
-        with pyarrow reading the row groups in the Spark tasks (:meth:`~.table_files.TableFiles.map_batches`), in
-        batches of Spark's own Arrow batch size. Runs the footer job of ``files``; the rest is lazy. A file that
-        is not the table's columns fails the action with :class:`~.table_files.FileLayoutError`."""
+    def transform_files(self, spark: SparkSession, files: TableFiles) -> DataFrame:
+        """:meth:`transform` of the table whose data files are ``files`` (its vector column an array), with
+        pyarrow reading the row groups in the Spark tasks (:meth:`~.table_files.TableFiles.map_batches`), in
+        batches of Spark's own Arrow batch size; the same Params apply. Runs the footer job of ``files``; the rest
+        is lazy. A file that is not the table's columns fails the action with
+        :class:`~.table_files.FileLayoutError`."""
         rows = arrow_batch_rows(spark, self.transform_.d_in, files.item_bytes(self.getInputCol()))
-        return files.map_batches(spark, rows, *self._checked_batches(files.schema, checks))
+        return files.map_batches(spark, rows, *self._batches(files.schema))
 
-    def _checked_batches(self, schema: StructType, checks: "RowChecks | None") -> tuple[Callable, StructType]:
-        """(the ``mapInArrow`` function, its output schema) of :meth:`transform_checked` for input ``schema``."""
-        col, out = self.getInputCol(), self.getOutputCol()
-        out_type = output_element_type(self.getOrDefault(self.outputDtype), schema[col].dataType.elementType)
+    def _batches(self, schema: StructType) -> tuple[Callable, StructType]:
+        """(the ``mapInArrow`` function, its output schema) of :meth:`transform` for input ``schema``."""
+        col, out, handle = self.getInputCol(), self.getOutputCol(), self.getHandleInvalid()
+        out_type = output_element_type(self.getOutputDtype(), schema[col].dataType.elementType)
         extra = self.extra_output_fields()
-        reason = [StructField(REASON_COLUMN, StringType(), True)] if checks and checks.tag_invalid else []
+        reason = [StructField(REASON_COLUMN, StringType(), True)] if handle == "keep" else []
         written = {out, *(f.name for f in extra + reason)}
         fields = [f for f in schema.fields if f.name not in written]
         vectors = StructField(out, ArrayType(out_type, containsNull=False), True)   # null rows, never null elements
         return (apply_batches(self.transform_, col, out, [f.name for f in extra], self.batch_outputs(),
-                              numpy_dtype(out_type), checks), StructType(fields + [vectors] + extra + reason))
+                              numpy_dtype(out_type), handle, self.getIdCol(), self.getMaxNorm()),
+                StructType(fields + [vectors] + extra + reason))
 
     def write(self) -> MLWriter:
         return _CorrectionWriter(self)
@@ -452,22 +499,11 @@ class CorrectionModel(Model, _CorrectionParams, HasOutputDtype, MLReadable, MLWr
 BatchOutputs = Callable[[np.ndarray, type], "tuple[np.ndarray, list[pa.Array]]"]
 
 
-class RowChecks(NamedTuple):
-    """The input contract checked inside the transform pass (:func:`~anisotropy_spark.contract.check_batch`).
-
-    ``id_col``: named in errors. ``tag_invalid`` False: the first invalid row raises
-    :class:`~anisotropy_spark.contract.InvalidRowError` in the worker (``on_invalid: error``); True: invalid
-    rows are kept with a null output vector and their reason in ``invalid_reason`` (for counting and filtering).
-    ``max_norm`` (None: off): rows longer than it are invalid too (``norm_outlier``, the nightly's rule).
-
-    Either way, a partition whose first Arrow batch holds vectors but not one of the transform's dimension is
-    not a few bad rows but a table of another embedding model: the worker raises
-    :class:`~anisotropy_spark.contract.ForeignDimensionError` (before any invalid-row error), failing the action.
-    """
-
-    id_col: str
-    tag_invalid: bool
-    max_norm: float | None = None
+def read_only(array: np.ndarray) -> np.ndarray:
+    """A read-only view of ``array`` (fitted state exposed by a model's properties)."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
 
 
 def output_element_type(output_dtype: str, input_type: FloatType | DoubleType) -> FloatType | DoubleType:
@@ -483,11 +519,21 @@ def numpy_dtype(element_type: FloatType | DoubleType) -> type:
 
 def apply_batches(transform: FittedTransform, vector_col: str, output_col: str, extra_cols: Sequence[str] = (),
                   outputs: BatchOutputs | None = None, output_dtype: type = np.float64,
-                  checks: RowChecks | None = None):
+                  handle_invalid: str = "unchecked", id_col: str = "id", max_norm: float | None = None):
     """``mapInArrow`` function: each batch's (B, d_in) vectors (read in the column's element type) → (B, d_out)
     ``output_col`` of ``output_dtype`` (computed in float64 block by block, then cast and checked finite by
     :func:`~anisotropy_core.transforms.map_blocks`), then the ``extra_cols`` (each a length-B Arrow array),
-    replacing input columns of the same names; with ``checks``, see :class:`RowChecks`.
+    replacing input columns of the same names.
+
+    ``handle_invalid`` (a model's ``handleInvalid``): ``unchecked`` maps the rows unchecked; ``error`` and ``keep``
+    check each batch against the input contract (:func:`~anisotropy_spark.contract.check_batch`, ``id_col`` named
+    in errors; rows longer than ``max_norm`` are invalid too, ``norm_outlier``: None = off). ``error``: the first
+    invalid row raises :class:`~anisotropy_spark.contract.InvalidRowError` in the
+    worker (``on_invalid: error``); ``keep``: invalid rows are kept with a null output vector and their reason in
+    ``invalid_reason`` (for counting and filtering). Either way, a partition whose first Arrow batch holds vectors
+    but not one of the transform's dimension is not a few bad rows but a table of another embedding model: the
+    worker raises :class:`~anisotropy_spark.contract.ForeignDimensionError` (before any invalid-row error),
+    failing the action.
 
     ``outputs``: :data:`BatchOutputs`; default ``transform.apply`` and no extra columns. A row the transform
     cannot map (e.g. finite in float64, infinite after the cast to float32) raises
@@ -497,24 +543,25 @@ def apply_batches(transform: FittedTransform, vector_col: str, output_col: str, 
     d = transform.d_in
     extra_cols = list(extra_cols)
     compute = outputs if outputs is not None else (lambda x, dtype: (transform.apply(x, dtype), []))
-    written = [output_col] + extra_cols + ([REASON_COLUMN] if checks and checks.tag_invalid else [])
+    keep = handle_invalid == "keep"
+    written = [output_col] + extra_cols + ([REASON_COLUMN] if keep else [])
 
     @raised_in_workers
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for number, batch in enumerate(batches):
             valid, reasons = None, []
-            if checks is None:
+            if handle_invalid == "unchecked":
                 matrix = batch_matrix(batch, vector_col, d, dtype=None)
             else:
-                checked = check_batch(batch, vector_col, checks.id_col, d, checks.max_norm)
+                checked = check_batch(batch, vector_col, id_col, d, max_norm)
                 if number == 0 and checked.foreign_length is not None:
                     raise ForeignDimensionError(length=checked.foreign_length, dimension=d)
                 if checked.reasons is not None:
-                    if not checks.tag_invalid:
-                        raise first_invalid_error(checked, batch, vector_col, checks.id_col)
+                    if not keep:
+                        raise first_invalid_error(checked, batch, vector_col, id_col)
                     valid = checked.valid
                 matrix = checked.matrix
-                if checks.tag_invalid:
+                if keep:
                     reasons = [pa.array(checked.reasons if valid is not None else [None] * batch.num_rows,
                                         pa.string())]
             result, extra = mapped_rows(compute, matrix, output_dtype, batch, valid, vector_col)
@@ -560,26 +607,67 @@ def row_values(batch: pa.RecordBatch, row: int | None, vector_col: str) -> dict 
 
 
 CorrectionEstimator.model_class = CorrectionModel
+_add_setters(CorrectionModel, CorrectionModel._settable_params())
 
 
-@register_model_class("abtt")
+@register_model_class(Method.ABTT)
 class AllButTheTopModel(CorrectionModel, _AllButTheTopParams):
     """Fitted All-but-the-Top; ``getD()`` is the number of directions removed, ``getDirections()`` which."""
 
+    @property
+    def components(self) -> np.ndarray:
+        """(D, d) the removed unit directions, one per row (read-only)."""
+        return read_only(self.transform_.components)
 
-@register_model_class("whitening")
+    @property
+    def eigenvalues(self) -> np.ndarray:
+        """(d,) the eigenvalues of the centred covariance, descending (read-only)."""
+        return read_only(self.transform_.eigenvalues)
+
+
+@register_model_class(Method.WHITENING)
 class WhiteningModel(CorrectionModel, _WhiteningParams):
     """Fitted whitening-k; ``getK()`` is the number of kept directions."""
 
+    @property
+    def matrix(self) -> np.ndarray:
+        """(d, d_out) W: the output is (v − mean) W (read-only)."""
+        return read_only(self.transform_.matrix)
 
-@register_model_class("abtt_pca_abtt")
+    @property
+    def eigenvalues(self) -> np.ndarray:
+        """(d,) the eigenvalues of the (shrunk) centred covariance, descending (read-only)."""
+        return read_only(self.transform_.eigenvalues)
+
+
+@register_model_class(Method.ABTT_PCA_ABTT)
 class AbttPcaAbttModel(CorrectionModel, _AbttPcaAbttParams):
     """Fitted ABTT → PCA-k → ABTT; ``getK()`` is the output dimension."""
 
+    @property
+    def firstComponents(self) -> np.ndarray:
+        """(D, d) the directions removed before the PCA (read-only)."""
+        return read_only(self.transform_.first_components)
 
-@register_model_class("flow")
+    @property
+    def basis(self) -> np.ndarray:
+        """(d, k) the PCA basis (read-only)."""
+        return read_only(self.transform_.basis)
+
+    @property
+    def secondComponents(self) -> np.ndarray:
+        """(D2, k) the directions removed after the PCA (read-only)."""
+        return read_only(self.transform_.second_components)
+
+
+@register_model_class(Method.FLOW)
 class FlowModel(CorrectionModel, _FlowParams):
     """Fitted BERT-flow."""
+
+    @property
+    def trainingLog(self) -> dict:
+        """The training facts recorded in the artifact (sample size, steps, nll before and after, …; a copy)."""
+        return dict(self.transform_.training)
 
 
 AllButTheTopEstimator.model_class = AllButTheTopModel

@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
-from pyspark import RDD, BarrierTaskContext, SparkContext, keyword_only
+from pyspark import RDD, BarrierTaskContext, SparkContext
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StructField
@@ -63,7 +63,8 @@ from anisotropy_core.moments import Moments
 from anisotropy_core.row_keys import KEY_BITS, split_row_ids
 
 from .arrow import batch_matrix
-from .estimators import BatchOutputs, CorrectionEstimator, CorrectionModel, register_estimator, register_model_class
+from .estimators import (BatchOutputs, CorrectionEstimator, CorrectionModel, read_only, register_estimator,
+                         register_model_class)
 from .io import as_vector_array, infer_dimension
 from .keyed import coalesce_to_slots, fold_by_key, merge_moments_bytes
 from .params import _ClusterRecenterParams
@@ -312,14 +313,20 @@ class ClusterRecenterModel(CorrectionModel, _ClusterRecenterParams):
     registered for that method, so ``CorrectionModel.from_artifact`` / ``CorrectionModel.load`` of such an
     artifact return this class."""
 
-    def setPredictionCol(self, value: str) -> "ClusterRecenterModel":
-        return self._set(predictionCol=value)
+    @property
+    def clusterCenters(self) -> np.ndarray:
+        """(k, d) the assignment centroids (unit rows for cosine; read-only)."""
+        return read_only(self.transform_.centroids)
 
-    @keyword_only
-    def setParams(self, *, inputCol: str | None = None, outputCol: str | None = None,
-                  predictionCol: str | None = None) -> "ClusterRecenterModel":
-        """The model's settable Params: its columns (the fitted Params are read-only on a model)."""
-        return self._set(**self._input_kwargs)
+    @property
+    def clusterMeans(self) -> np.ndarray:
+        """(k, d) each cluster's mean of the raw vectors, what is subtracted (read-only)."""
+        return read_only(self.transform_.means)
+
+    @property
+    def clusterSizes(self) -> np.ndarray:
+        """(k,) int64 fitting rows per cluster (read-only)."""
+        return read_only(self.transform_.sizes)
 
     def extra_output_fields(self) -> list[StructField]:
         return [StructField(self.getPredictionCol(), IntegerType(), True)]
@@ -343,53 +350,24 @@ def cluster_outputs(transform: ClusterRecenter) -> BatchOutputs:
 class ClusterRecenterEstimator(CorrectionEstimator, _ClusterRecenterParams):
     """Cluster-wise recentering (seed chapter 7): k-means with modest ``k``, then one mean — and optionally
     the top ``D`` within-cluster directions — per cluster. ``fit`` returns a :class:`ClusterRecenterModel`.
-    Params: see :class:`~anisotropy_spark.params._ClusterRecenterParams`.
+    Params: see :class:`~anisotropy_core.methods.ClusterRecenterSettings`.
+
+    Examples
+    --------
+    >>> df = spark.createDataFrame([(i, [1 + 10.0 * (i % 2) + (i % 5) / 10, 1 + (i % 3) / 10]) for i in range(40)],
+    ...                            "id long, vector array<double>")
+    >>> model = ClusterRecenterEstimator(k=2, seed=1, outputCol="recentred").fit(df)
+    >>> sorted(model.clusterSizes.tolist()), model.clusterCenters.shape
+    ([20, 20], (2, 2))
+    >>> model.transform(df).columns
+    ['id', 'vector', 'recentred', 'cluster_id']
+    >>> model.save(temp_path + "/clusters")
+    >>> ClusterRecenterModel.load(temp_path + "/clusters").getK()
+    2
     """
 
     model_class = ClusterRecenterModel
     moment_based = False
-
-    @keyword_only
-    def __init__(self, *, inputCol: str | None = None, outputCol: str | None = None, k: int = 8, D: int = 0,
-                 distanceMeasure: str = "euclidean", seed: int = 0, maxIter: int = DEFAULT_MAX_ITER,
-                 tol: float = DEFAULT_TOL, initSteps: int = DEFAULT_INIT_STEPS, taskMemory: int = 0,
-                 predictionCol: str = "cluster_id"):
-        super().__init__()
-        self.setParams(**self._input_kwargs)
-
-    @keyword_only
-    def setParams(self, *, inputCol: str | None = None, outputCol: str | None = None, k: int = 8, D: int = 0,
-                  distanceMeasure: str = "euclidean", seed: int = 0, maxIter: int = DEFAULT_MAX_ITER,
-                  tol: float = DEFAULT_TOL, initSteps: int = DEFAULT_INIT_STEPS, taskMemory: int = 0,
-                  predictionCol: str = "cluster_id") -> "ClusterRecenterEstimator":
-        return self._set(**self._input_kwargs)
-
-    def setK(self, value: int) -> "ClusterRecenterEstimator":
-        return self._set(k=value)
-
-    def setD(self, value: int) -> "ClusterRecenterEstimator":
-        return self._set(D=value)
-
-    def setDistanceMeasure(self, value: str) -> "ClusterRecenterEstimator":
-        return self._set(distanceMeasure=value)
-
-    def setSeed(self, value: int) -> "ClusterRecenterEstimator":
-        return self._set(seed=value)
-
-    def setMaxIter(self, value: int) -> "ClusterRecenterEstimator":
-        return self._set(maxIter=value)
-
-    def setTol(self, value: float) -> "ClusterRecenterEstimator":
-        return self._set(tol=value)
-
-    def setInitSteps(self, value: int) -> "ClusterRecenterEstimator":
-        return self._set(initSteps=value)
-
-    def setTaskMemory(self, value: int) -> "ClusterRecenterEstimator":
-        return self._set(taskMemory=value)
-
-    def setPredictionCol(self, value: str) -> "ClusterRecenterEstimator":
-        return self._set(predictionCol=value)
 
     def _fit_transform(self, vectors: DataFrame, col: str, d: int) -> tuple[ClusterRecenter, int]:
         transform, _ = fit_cluster_recenter(vectors, col, d, self.getK(), self.getD(), self.getDistanceMeasure(),

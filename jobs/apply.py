@@ -51,7 +51,6 @@ import functools
 import json
 import os
 import sys
-from typing import Literal
 
 if __package__ in (None, ""):  # spark-submit runs this file as a script: make the project importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -60,8 +59,9 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from anisotropy_core.artifact import Artifact, load_artifact
+from anisotropy_core.methods import OutputDtype
 from anisotropy_spark.contract import REASON_COLUMN, ForeignDimensionError, Tally, require_schema
-from anisotropy_spark.estimators import CorrectionModel, RowChecks
+from anisotropy_spark.estimators import CorrectionModel
 from anisotropy_spark.io import (as_vector_array, count_invalid, is_delta_table, read_table,
                                  settle_invalid, valid_rows)
 from anisotropy_spark.output_files import file_count, scan_bytes
@@ -86,7 +86,7 @@ class ApplyConfig(InputSettings, OutputFiles):
     output: str
     input_version: int | None = None
     output_col: str | None = None
-    output_dtype: Literal["same", "float32", "float64"] = "same"
+    output_dtype: OutputDtype = "same"
     vector_reader: VectorReader = "auto"
     force: bool = False
     master: str | None = None
@@ -139,7 +139,7 @@ def error_from_worker(exc: Exception, artifact: Artifact) -> Exception | None:
 
 def publish(corrected: DataFrame, duplicates: Duplicates, config: ApplyConfig, stamp: dict,
             artifact: Artifact, files: int) -> dict:
-    """Write the valid, non-duplicated rows of ``corrected`` (:meth:`CorrectionModel.transform_checked`'s rows,
+    """Write the valid, non-duplicated rows of ``corrected`` (:meth:`CorrectionModel.transform`'s rows,
     with ``invalid_reason`` under ``on_invalid: quarantine``) to ``config.output`` in ONE overwrite commit
     stamped ``stamp``, coalesced to at most ``files`` data files (no shuffle); returns the pass's counts {``rows``
     read, ``invalid`` rows}. A worker's invalid row or foreign dimension is raised as the job's own error (:func:`error_from_worker`); nothing is committed then."""
@@ -183,20 +183,19 @@ def run_apply(spark: SparkSession, config: ApplyConfig, artifact: Artifact | Non
     files, planned = table_files(spark, df, ref.path, ref.format, vector_col, None, config.vector_reader)
     output_files = file_count(scan_bytes(df), config.target_file_mb)
     df = as_vector_array(df, vector_col)
-    model = (CorrectionModel.from_artifact(artifact, vector_col, config.output_col or vector_col)
-             .setOutputDtype(config.output_dtype))
     quarantine = config.on_invalid == "quarantine"
+    model = (CorrectionModel.from_artifact(artifact, vector_col, config.output_col or vector_col)
+             .setOutputDtype(config.output_dtype).setIdCol(id_col).setHandleInvalid("keep" if quarantine else "error"))
     duplicates = checked_duplicates(df, config, artifact.transform.d_in)
-    checks = RowChecks(id_col, tag_invalid=quarantine)
     write = functools.partial(publish, duplicates=duplicates, config=config, stamp=stamp, artifact=artifact,
                               files=output_files)
     if files:         # one pass either way: pyarrow reads the pinned files, or Spark's scan where they cannot serve
         counts, reader = pyarrow_or_spark(files, df.columns,
-                                          lambda found: write(model.transform_files(spark, found, checks)),
-                                          lambda: write(model.transform_checked(df, checks)),
+                                          lambda found: write(model.transform_files(spark, found)),
+                                          lambda: write(model.transform(df)),
                                           lambda counted: counted["rows"])
     else:
-        counts, reader = write(model.transform_checked(df, checks)), planned
+        counts, reader = write(model.transform(df)), planned
     version, _ = latest_commit(spark, config.output)
     by_reason = {}
     if quarantine and (counts["invalid"] or duplicates.tally.total):

@@ -7,6 +7,11 @@ threshold and keeps the file's others), rejects unknown keys and wrong types —
 included — with a message naming the key, and calls the dataclass's ``check()`` for cross-field rules
 (impossible values such as k > n or D ≥ d are checked where the data is known).
 
+A correction's settings are declared once in :mod:`anisotropy_core.methods`; a job config holds them as fields
+made by :func:`setting_field` (default, ``--help`` and constraint from the declaration; the config keeps its
+own key and type hint, so readers and type checkers see every key), and :func:`setting_problems` checks their
+constraints in ``check()``.
+
 pydantic v2 was considered: this module's whole coercion is ~60 lines and its messages already name the key
 path and problem in the form the tests and run records use; pydantic would add a dependency and a message
 translation layer without removing code.
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import hashlib
 import json
 import types
@@ -24,6 +30,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 
 from anisotropy_core import storage
+from anisotropy_core.methods import Setting
 from anisotropy_core.norms import DEFAULT_MAX_NORM_RATIO
 
 T = TypeVar("T")
@@ -90,17 +97,28 @@ class OutputFiles:
         return [] if self.target_file_mb > 0 else [f"target_file_mb must be > 0, got {self.target_file_mb}"]
 
 
-def flow_problems(config: Any, prefix: str = "") -> list[str]:
-    """The flow settings of ``config`` (``<prefix>sample_size``, ``steps``, ``couplings``, ``hidden``,
-    ``batch_size``, ``learning_rate``): sizes ≥ 1, a sample of ≥ 2 rows, a positive learning rate."""
-    def value(key: str) -> Any:
-        return getattr(config, prefix + key)
+def setting_field(*declared: Setting, default: Any = NOT_GIVEN) -> Any:
+    """A config field holding the ``declared`` setting (one, or the same key of several methods): its default
+    (``default`` where they differ: None = each method's own), its ``--help`` line and its constraints, checked by
+    :func:`setting_problems`."""
+    own = default is not NOT_GIVEN
+    if not own:
+        (default,) = {s.default for s in declared}
+    named = len(declared) > 1            # a key of several methods: each line says whose
+    help_text = "; ".join(f"{s.method}: " * named + s.describe(with_default=False) for s in declared)
+    shown = f"{default}" + (": each method's own" if own and default is None else "")
+    return dataclasses.field(default=default, metadata={"settings": declared, "help": f"{help_text} (default {shown})"})
 
-    problems = [f"{prefix}{key} must be >= 1, got {value(key)}" for key in ("steps", "couplings", "hidden", "batch_size")
-                if value(key) < 1]
-    if value("sample_size") < 2 or not value("learning_rate") > 0:
-        problems.append(f"{prefix}sample_size must be >= 2 and {prefix}learning_rate > 0, got "
-                        f"{value('sample_size')}, {value('learning_rate')}")
+
+def setting_problems(config: Any) -> list[str]:
+    """The constraint problems of every :func:`setting_field` of ``config`` (a dataclass), each naming its key,
+    e.g. ``cluster_task_memory must be >= 0 bytes, got -1``."""
+    problems = []
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if value is not None:         # None: the method's default (a null a setting refuses fails its type check)
+            found = [s.problem(value, field.name) for s in field.metadata.get("settings", ())]
+            problems += dict.fromkeys(p for p in found if p)
     return problems
 
 
@@ -178,12 +196,15 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
                 return _coerce(option, value, where)
             except ConfigError as exc:
                 errors.append(str(exc))
+        allowed = [_choices(o) for o in options if o is not type(None)]
+        if all(a is not None for a in allowed):           # e.g. Literal["auto"] | Method: one list of names
+            raise ConfigError(f"{where}: {value!r} is not one of {[c for a in allowed for c in a]}")
         raise ConfigError(errors[0])
-    if origin is typing.Literal:
-        allowed = typing.get_args(hint)
+    allowed = _choices(hint)
+    if allowed is not None:
         if value not in allowed:
-            raise ConfigError(f"{where}: {value!r} is not one of {list(allowed)}")
-        return value
+            raise ConfigError(f"{where}: {value!r} is not one of {allowed}")
+        return hint(value) if isinstance(hint, type) else value
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where}: expected a list, got {type(value).__name__}")
@@ -207,6 +228,16 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
     return value
 
 
+def _choices(hint: Any) -> list | None:
+    """The values a ``Literal`` or an Enum class (e.g. :class:`~anisotropy_core.methods.Method`) allows; None for
+    any other hint."""
+    if typing.get_origin(hint) is typing.Literal:
+        return list(typing.get_args(hint))
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return [member.value for member in hint]
+    return None
+
+
 def config_hash(config: Any) -> str:
     """Stable sha256 of a config dataclass (sorted JSON), recorded with every run."""
     payload = json.dumps(dataclasses.asdict(config), sort_keys=True, default=str)
@@ -225,7 +256,7 @@ def parse_args(schema: type[T], argv: list[str] | None, description: str,
     parser.add_argument("--conf", help="YAML config file (see conf/)")
     for field in dataclasses.fields(schema):
         parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=None,
-                            metavar="VALUE", help=f"override {field.name}")
+                            metavar="VALUE", help=field.metadata.get("help", f"override {field.name}"))
     args = parser.parse_args(argv)
     hints = typing.get_type_hints(schema)
     overrides = {name: _parse_cli_value(hints[name], getattr(args, name)) for name in hints}

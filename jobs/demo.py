@@ -26,6 +26,7 @@ from pyspark.sql import functions as F
 
 from anisotropy_core import storage
 from anisotropy_core.index import Searcher
+from anisotropy_core.methods import Method
 from anisotropy_spark.io import is_delta_table
 from anisotropy_spark.publish import output_state
 from anisotropy_spark.session import get_spark
@@ -119,7 +120,7 @@ def agreement(diagnosis: dict, night: dict) -> list[str]:
     if verdict["method"] == night_verdict["method"] == applied["method"] and chosen in (None, applied_name):
         return [f"the diagnosis verdict, the evaluation and the nightly agree: {applied_name}"]
     notes = [f"the diagnosis's label-free verdict is {verdict['method']}"
-             + (" (on significant artefact evidence)" if verdict.get("verified") and verdict["method"] == "abtt"
+             + (" (on significant artefact evidence)" if verdict.get("verified") and verdict["method"] == Method.ABTT
                 else " (it deletes and whitens nothing without evidence; the held-out evaluation decides)")]
     if night_verdict["method"] != verdict["method"]:
         notes.append(f"the night's own label-free verdict is {night_verdict['method']}: "

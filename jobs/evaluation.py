@@ -41,6 +41,7 @@ from anisotropy_core.candidates import (PUBLISHED, RAW, Candidate, best_candidat
                                         interval_text, query_drift, summarise)
 from anisotropy_core.decision import DecisionThresholds, Recommendation
 from anisotropy_core.evaluation import neighbour_overlap, per_query_metrics
+from anisotropy_core.methods import Method
 from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import FittedTransform
 from anisotropy_spark.evaluation import (QuerySet, distributed_top_k, integral_ids, pair_cosines, pair_rows,
@@ -67,10 +68,10 @@ def grid_for(state: Moments, recommendation: Recommendation, thresholds: Decisio
     (``evidence["whitening_k"]``), and its own ABTT set / whitening k."""
     evidence = recommendation.evidence or {}
     extra_D: list = list(as_ints(evidence.get("candidate_D")))               # D values: the top D each
-    if recommendation.method == "abtt" and recommendation.directions:
+    if recommendation.method == Method.ABTT and recommendation.directions:
         extra_D.append(list(recommendation.directions))                        # a set of directions
     extra_k = as_ints(evidence.get("whitening_k")) + (
-        [recommendation.k] if recommendation.method == "whitening" and recommendation.k else [])
+        [recommendation.k] if recommendation.method == Method.WHITENING and recommendation.k else [])
     return candidate_grid(state, as_ints(evidence.get("artefact_directions")), extra_D, extra_k,
                           thresholds.whitening_variance, min_n, clusters)
 
@@ -275,7 +276,7 @@ def add_query_drift(record: dict, state: Moments, queries: QuerySet, grid: list[
 
 def fitted_params(transform: FittedTransform | None) -> dict:
     """``{"method", **params}`` of a transform (``{"method": "none"}`` for raw)."""
-    return {"method": transform.method, **transform.params()} if transform is not None else {"method": "none"}
+    return {"method": transform.method, **transform.params()} if transform is not None else {"method": Method.NONE}
 
 
 def evaluation_markdown(record: Mapping) -> str:

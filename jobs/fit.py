@@ -14,7 +14,7 @@ import dataclasses
 import json
 import os
 import sys
-from typing import Literal
+from typing import Any, Literal
 
 if __package__ in (None, ""):  # spark-submit runs this file as a script: make the project importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -22,61 +22,63 @@ if __package__ in (None, ""):  # spark-submit runs this file as a script: make t
 from pyspark.sql import SparkSession
 
 from anisotropy_core.artifact import load_artifact
-from anisotropy_core.transforms import DEFAULT_EPS
+from anisotropy_core.methods import SETTINGS, Method
 from anisotropy_spark.contract import require_schema
 from anisotropy_spark.estimators import CorrectionEstimator, estimator_for, method_params, registered_methods
 from anisotropy_spark.io import as_vector_array, read_table, validate
 from anisotropy_spark.session import get_spark
 from jobs.cli import run
-from jobs.config import InputSettings, flow_problems, parse_args
+from jobs.config import InputSettings, parse_args, setting_field, setting_problems
+
+
+def method_field(key: str) -> Any:
+    """The fit config's field for setting ``key`` of every method that declares it (:data:`SETTINGS`); where
+    their defaults differ (``k``, ``D``) the default is None: each method's own."""
+    declared = [s for settings in SETTINGS.values() for s in settings.settings() if s.key == key]
+    if len({repr(s.default) for s in declared}) == 1:
+        return setting_field(*declared)
+    return setting_field(*declared, default=None)
 
 
 @dataclasses.dataclass(kw_only=True)
 class FitConfig(InputSettings):
-    """Settings of the fit job (conf/fit.yaml). The method settings are its Estimator's Params in snake_case
-    (:func:`anisotropy_spark.params.param_name`); only those of ``method`` are used: ``D``/``max_D`` (abtt),
-    ``k``…``normalize`` (whitening), ``k``, ``D``, ``distance_measure``, ``seed``, ``task_memory``
-    (cluster_recenter), ``D``, ``k``, ``D2``, ``max_D`` (abtt_pca_abtt), ``sample_size``…``learning_rate``,
-    ``seed`` (flow)."""
+    """Settings of the fit job (conf/fit.yaml): ``method`` and the settings of every method, flat under their
+    own keys (the fields of :mod:`anisotropy_core.methods`' settings classes, a key shared by several methods
+    once); only those of ``method`` are used. Their defaults, constraints and ``--help`` come from those
+    declarations (:func:`method_field`)."""
 
     artifact: str
-    method: str = "abtt"
+    method: Method = Method.ABTT
     input_version: int | None = None
-    D: int | None = None
-    max_D: int | None = None
-    k: int | None = None
-    shrinkage: float = 0.0
-    eps: float = DEFAULT_EPS
-    zca: bool = False
-    normalize: bool = False
-    distance_measure: Literal["euclidean", "cosine"] = "euclidean"
-    task_memory: int = 0
-    D2: int | None = None
-    sample_size: int = 5000
-    steps: int = 300
-    couplings: int = 4
-    hidden: int = 32
-    batch_size: int = 256
-    learning_rate: float = 1e-2
-    seed: int = 0
+    D: int | None = method_field("D")
+    max_D: int | None = method_field("max_D")
+    directions: list[int] | None = method_field("directions")
+    k: int | None = method_field("k")
+    shrinkage: float = method_field("shrinkage")
+    eps: float = method_field("eps")
+    zca: bool = method_field("zca")
+    normalize: bool = method_field("normalize")
+    exclude: list[int] | None = method_field("exclude")
+    D2: int | None = method_field("D2")
+    distance_measure: Literal["euclidean", "cosine"] = method_field("distance_measure")
+    max_iter: int = method_field("max_iter")
+    tol: float = method_field("tol")
+    init_steps: int = method_field("init_steps")
+    task_memory: int = method_field("task_memory")
+    sample_size: int = method_field("sample_size")
+    steps: int = method_field("steps")
+    couplings: int = method_field("couplings")
+    hidden: int = method_field("hidden")
+    batch_size: int = method_field("batch_size")
+    learning_rate: float = method_field("learning_rate")
+    seed: int = method_field("seed")
     master: str | None = None
 
     def check(self) -> list[str]:
         problems = self.input_problems()
         if self.method not in registered_methods():
             problems.append(f"method: {self.method!r} is not one of {registered_methods()}")
-        if any(v is not None and v < 0 for v in (self.D, self.max_D, self.D2)):
-            problems.append("D, D2 and max_D must be >= 0")
-        problems += flow_problems(self)
-        if self.k is not None and self.k < 1:
-            problems.append(f"k must be >= 1, got {self.k}")
-        if self.task_memory < 0:
-            problems.append(f"task_memory must be >= 0 bytes, got {self.task_memory}")
-        if not 0.0 <= self.shrinkage <= 1.0:
-            problems.append(f"shrinkage must be in [0, 1], got {self.shrinkage}")
-        if not self.eps > 0:
-            problems.append(f"eps must be > 0, got {self.eps}")
-        return problems
+        return problems + setting_problems(self)
 
     def estimator(self) -> CorrectionEstimator:
         """The Estimator of ``method`` with this config's settings for it, reading ``vector_col``."""

@@ -14,54 +14,51 @@ from pyspark.sql import DataFrame
 
 from anisotropy_core import storage
 from anisotropy_core.artifact import Artifact, ArtifactError, load_artifact, save_artifact
+from anisotropy_core.candidates import ABTT_WHITENING
 from anisotropy_core.decision import Recommendation
+from anisotropy_core.methods import Method
 from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import FittedTransform
 from anisotropy_spark.estimators import CorrectionModel, estimator_for, model_class_for
 from anisotropy_spark.io import TableRef
-from jobs.nightly_config import NightlyConfig
+from jobs.nightly_config import NIGHTLY_KEYS, NightlyConfig
 
 FIT_REPORT = "fit_report.json"
 
 
 def fit_params(config: NightlyConfig, method: str, rec: Recommendation) -> dict:
     """The parameters (config keys of :func:`~anisotropy_spark.estimators.estimator_for`) a fit of ``method``
-    uses: config values, else the recommendation's directions / k. ABTT without ``abtt_D`` removes the artefact
-    test's significant directions (``evidence["artefact_directions"]``) when there are any, else the estimator's
-    default: the top max(1, round(d/100)), recorded as d_rule "rule_of_thumb_d/100 (unverified)". Whitening without
-    ``whitening_k`` keeps the candidate k (``evidence["whitening_k"]``: the directions holding
-    ``whitening_variance`` of the variance, at most n − 1)."""
-    if method == "abtt":
+    uses: the config's values under their nightly keys (:data:`~jobs.nightly_config.NIGHTLY_KEYS`), else the
+    recommendation's directions / k, and the ``decision`` block's ``max_D`` (abtt, abtt_pca_abtt). ABTT without
+    ``abtt_D`` removes the artefact test's significant directions (``evidence["artefact_directions"]``) when there
+    are any, else the estimator's default: the top max(1, round(d/100)), recorded as d_rule
+    "rule_of_thumb_d/100 (unverified)". Whitening without ``whitening_k`` keeps the candidate k
+    (``evidence["whitening_k"]``: the directions holding ``whitening_variance`` of the variance, at most n − 1)."""
+    params = {setting: getattr(config, key) for setting, key in NIGHTLY_KEYS.get(method, {}).items()}
+    if method in (Method.ABTT, Method.ABTT_PCA_ABTT):
+        params["max_D"] = config.decision.max_D
+    if method == Method.ABTT:
         evidence = list(rec.evidence.get("artefact_directions") or [])
-        directions = evidence if config.abtt_D is None and evidence else None
+        directions = evidence if params["D"] is None and evidence else None
         if directions == list(range(1, len(directions or []) + 1)):      # the top D: stated as D, canonical
-            return {"D": len(directions), "directions": None, "max_D": config.decision.max_D}
-        return {"D": config.abtt_D, "directions": directions, "max_D": config.decision.max_D}
-    if method == "whitening":
-        k = config.whitening_k if config.whitening_k is not None else rec.evidence.get("whitening_k")
-        return {"k": k, "shrinkage": config.whitening_shrinkage, "normalize": config.whitening_normalize}
-    if method == "cluster_recenter":
-        return {"k": config.cluster_k, "D": config.cluster_D, "distance_measure": config.cluster_distance_measure,
-                "seed": config.seed, "task_memory": config.cluster_task_memory}
-    if method == "abtt_pca_abtt":
-        return {"D": config.abtt_D, "k": config.pca_k, "D2": config.abtt_D2, "max_D": config.decision.max_D}
-    if method == "flow":
-        return {key: getattr(config, "flow_" + key) for key in
-                ("sample_size", "steps", "couplings", "hidden", "batch_size", "learning_rate")} | {"seed": config.seed}
-    return {}
+            return params | {"D": len(directions), "directions": None}
+        params["directions"] = directions
+    if method == Method.WHITENING and params["k"] is None:
+        params["k"] = rec.evidence.get("whitening_k")
+    return params
 
 
 def candidate_fit(name: str, transform: FittedTransform | None, directions: list[int], config: NightlyConfig,
                   rec: Recommendation) -> tuple[str, dict]:
     """(method, fit parameters) of evaluation candidate ``name`` (see :mod:`anisotropy_core.candidates`), as
     :func:`fit_params` would state them: ``abtt+whitening`` is whitening with the ABTT ``directions`` excluded."""
-    if name in ("none", "center"):
+    if name in (Method.NONE, Method.CENTER):
         return name, {}
-    if name == "abtt":
-        return "abtt", {"D": None, "directions": list(transform.directions), "max_D": None}
-    if name in ("whitening", "abtt+whitening"):
-        return "whitening", {"k": transform.k, "shrinkage": 0.0, "normalize": False,
-                             "exclude": list(directions) if name == "abtt+whitening" else None}
+    if name == Method.ABTT:
+        return Method.ABTT, {"D": None, "directions": list(transform.directions), "max_D": None}
+    if name in (Method.WHITENING, ABTT_WHITENING):
+        return Method.WHITENING, {"k": transform.k, "shrinkage": 0.0, "normalize": False,
+                                  "exclude": list(directions) if name == ABTT_WHITENING else None}
     return name, fit_params(config, name, rec)
 
 

@@ -1,18 +1,19 @@
 """Settings of the nightly job (conf/nightly.yaml): static checks, checks against the data, the content hash.
 
-Per-method settings are the method's Param names (snake_case) prefixed by the method: ``abtt_D``,
-``whitening_k``, ``whitening_shrinkage``, ``whitening_normalize``, ``cluster_k``, ``cluster_D``,
-``cluster_distance_measure``, ``cluster_task_memory`` (``cluster_*`` also drive the ``mixture_check`` k-means),
-``pca_k`` and
-``abtt_D2`` (abtt_pca_abtt, with ``abtt_D``), ``flow_sample_size`` … ``flow_learning_rate`` (flow, with ``seed``).
+Per-method settings are the settings of :mod:`anisotropy_core.methods` under the nightly's own keys,
+:data:`NIGHTLY_KEYS` (``abtt_D``, ``whitening_k``, ``cluster_k``, ``flow_steps``, …; ``cluster_*`` also drive
+the ``mixture_check`` k-means, ``seed`` is shared); each such field takes its default, ``--help`` and
+constraint from the declaration (:func:`nightly_field`), and :func:`jobs.fit_or_reuse.fit_params` maps them
+back through the same table.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Any, Literal
 
 from anisotropy_core.decision import DecisionThresholds
 from anisotropy_core.diagnostics import Diagnosis
+from anisotropy_core.methods import Method, OutputDtype, settings_of
 from jobs.apply import VERSION_COLUMN
 from jobs.config import (
     ConfigError,
@@ -21,13 +22,35 @@ from jobs.config import (
     OutputFiles,
     VectorReader,
     config_hash,
-    flow_problems,
+    setting_field,
+    setting_problems,
 )
 from jobs.index import IndexSettings
 
 # the scalar numbers of anisotropy_core.diagnose (what drift thresholds and output bounds may name)
 CORE_METRICS = Diagnosis.scalar_names()
 CLUSTER_COLUMN = "cluster_id"
+
+# method → {its setting: the nightly key holding it}; a setting absent here takes the method's default, but
+# abtt's ``max_D`` (the ``decision`` block's) and ``directions`` (the artefact evidence): see fit_params
+NIGHTLY_KEYS: dict[Method, dict[str, str]] = {
+    Method.CENTER: {},
+    Method.ABTT: {"D": "abtt_D"},
+    Method.ABTT_PCA_ABTT: {"D": "abtt_D", "k": "pca_k", "D2": "abtt_D2"},
+    Method.WHITENING: {"k": "whitening_k", "shrinkage": "whitening_shrinkage", "normalize": "whitening_normalize"},
+    Method.CLUSTER_RECENTER: {"k": "cluster_k", "D": "cluster_D", "distance_measure": "cluster_distance_measure",
+                              "task_memory": "cluster_task_memory", "seed": "seed"},
+    Method.FLOW: {key: "flow_" + key for key in
+                  ("sample_size", "steps", "couplings", "hidden", "batch_size", "learning_rate")} | {"seed": "seed"},
+}
+
+NightlyMethod = Literal["auto"] | Method       # auto: the diagnosis (and the evaluation, when on) decides
+
+
+def nightly_field(key: str) -> Any:
+    """The config field of nightly key ``key``: the setting(s) :data:`NIGHTLY_KEYS` maps to it."""
+    return setting_field(*[settings_of(method).setting(setting) for method, keys in NIGHTLY_KEYS.items()
+                           for setting, nightly in keys.items() if nightly == key])
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -38,29 +61,29 @@ class NightlyConfig(InputSettings, OutputFiles):
     on_invalid: Literal["error", "quarantine"] = "quarantine"
     vector_reader: VectorReader = "auto"
     output_vector_col: str | None = None
-    output_dtype: Literal["same", "float32", "float64"] = "same"
+    output_dtype: OutputDtype = "same"
     metadata_cols: list[str] = dataclasses.field(default_factory=list)
     label_col: str | None = None
     sample_size: int = 2000
-    method: Literal["auto", "none", "center", "abtt", "whitening", "cluster_recenter", "abtt_pca_abtt", "flow"] = "auto"
-    abtt_D: int | None = None
-    abtt_D2: int | None = None
-    pca_k: int | None = None
-    whitening_k: int | None = None
-    whitening_shrinkage: float = 0.0
-    whitening_normalize: bool = False
-    cluster_k: int = 8
-    cluster_D: int = 0
-    cluster_distance_measure: Literal["euclidean", "cosine"] = "euclidean"
-    cluster_task_memory: int = 0
-    flow_sample_size: int = 5000
-    flow_steps: int = 300
-    flow_couplings: int = 4
-    flow_hidden: int = 32
-    flow_batch_size: int = 256
-    flow_learning_rate: float = 1e-2
+    method: NightlyMethod = "auto"
+    abtt_D: int | None = nightly_field("abtt_D")
+    abtt_D2: int | None = nightly_field("abtt_D2")
+    pca_k: int | None = nightly_field("pca_k")
+    whitening_k: int | None = nightly_field("whitening_k")
+    whitening_shrinkage: float = nightly_field("whitening_shrinkage")
+    whitening_normalize: bool = nightly_field("whitening_normalize")
+    cluster_k: int = nightly_field("cluster_k")
+    cluster_D: int = nightly_field("cluster_D")
+    cluster_distance_measure: Literal["euclidean", "cosine"] = nightly_field("cluster_distance_measure")
+    cluster_task_memory: int = nightly_field("cluster_task_memory")
+    flow_sample_size: int = nightly_field("flow_sample_size")
+    flow_steps: int = nightly_field("flow_steps")
+    flow_couplings: int = nightly_field("flow_couplings")
+    flow_hidden: int = nightly_field("flow_hidden")
+    flow_batch_size: int = nightly_field("flow_batch_size")
+    flow_learning_rate: float = nightly_field("flow_learning_rate")
     mixture_check: bool = True
-    seed: int = 0
+    seed: int = nightly_field("seed")
     artefact_directions: int = 10
     decision: DecisionThresholds = dataclasses.field(default_factory=DecisionThresholds)
     evaluation: EvaluationConfig | None = None
@@ -89,19 +112,11 @@ class NightlyConfig(InputSettings, OutputFiles):
         problems = self.output_problems(self.output) + self.input_problems() + self.output_file_problems()
         if not self.stale_run_hours > 0:
             problems.append(f"stale_run_hours must be > 0, got {self.stale_run_hours}")
-        if self.abtt_D is not None and (self.abtt_D < 0 or self.dimension and self.abtt_D >= self.dimension):
+        problems += setting_problems(self)
+        if self.abtt_D is not None and self.dimension and self.abtt_D >= self.dimension:
             problems.append(f"abtt_D={self.abtt_D} must satisfy 0 <= abtt_D < dimension={self.dimension}")
-        if self.whitening_k is not None and (self.whitening_k < 1 or self.dimension and self.whitening_k > self.dimension):
+        if self.whitening_k is not None and self.dimension and self.whitening_k > self.dimension:
             problems.append(f"whitening_k={self.whitening_k} must satisfy 1 <= whitening_k <= dimension={self.dimension}")
-        if not 0.0 <= self.whitening_shrinkage <= 1.0:
-            problems.append(f"whitening_shrinkage must be in [0, 1], got {self.whitening_shrinkage}")
-        if self.cluster_k < 1 or self.cluster_D < 0:
-            problems.append(f"cluster_k must be >= 1 and cluster_D >= 0, got {self.cluster_k}, {self.cluster_D}")
-        if self.cluster_task_memory < 0:
-            problems.append(f"cluster_task_memory must be >= 0 bytes, got {self.cluster_task_memory}")
-        if self.abtt_D2 is not None and self.abtt_D2 < 0 or self.pca_k is not None and self.pca_k < 1:
-            problems.append(f"abtt_D2 must be >= 0 and pca_k >= 1, got {self.abtt_D2}, {self.pca_k}")
-        problems += flow_problems(self, "flow_")
         if not 0.0 <= self.min_neighbour_overlap <= 1.0 or self.neighbour_sample < 1 or self.neighbour_k < 1:
             problems.append(f"min_neighbour_overlap must be in [0, 1], neighbour_sample and neighbour_k >= 1, got "
                             f"{self.min_neighbour_overlap}, {self.neighbour_sample}, {self.neighbour_k}")
@@ -130,7 +145,7 @@ def check_against_data(config: NightlyConfig, n: int, d: int, method: str) -> No
         problems.append(f"abtt_D={config.abtt_D} must be < d={d} and < n={n}")
     if config.whitening_k is not None and config.whitening_k > d:
         problems.append(f"whitening_k={config.whitening_k} exceeds the dimension d={d}")
-    if method == "cluster_recenter" and config.cluster_k > n:
+    if method == Method.CLUSTER_RECENTER and config.cluster_k > n:
         problems.append(f"cluster_k={config.cluster_k} exceeds the number of valid rows n={n}")
     if problems:
         raise ConfigError(f"{config.input}: " + "; ".join(problems))

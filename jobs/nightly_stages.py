@@ -21,6 +21,7 @@ from anisotropy_core.clustering import ClusterRecenter
 from anisotropy_core.decision import Recommendation, recommend
 from anisotropy_core.diagnostics import Diagnosis
 from anisotropy_core.diagnostics import diagnose as diagnose_moments
+from anisotropy_core.methods import Method
 from anisotropy_core.mixture_evidence import mixture_check
 from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import FittedTransform
@@ -97,7 +98,7 @@ class NightlyContext:
     chosen_transform: FittedTransform | None = None
     chosen_params: dict | None = None
     neighbour_overlap: float | None = None
-    method: str = "none"
+    method: str = Method.NONE
     model: CorrectionModel | None = None
     transform_version: str = "none"
     d_out: int = 0
@@ -235,7 +236,7 @@ def fit_cluster_candidate(ctx: NightlyContext) -> None:
     except ValueError as exc:                  # a sample cluster no row of the table falls in: no candidate
         ctx.record["clusters"]["candidate"] = f"not fitted: {exc}"
         return
-    if ctx.method == "cluster_recenter" and config.method == "auto":
+    if ctx.method == Method.CLUSTER_RECENTER and config.method == "auto":
         ctx.chosen_transform = ctx.cluster_recenter
 
 
@@ -251,7 +252,7 @@ def decide(ctx: NightlyContext, info: dict) -> None:
     log.info("decision: recommend %s (%s); applying %s", recommendation.method,
              "; ".join(recommendation.reasons), ctx.method)
     check_against_data(ctx.config, ctx.report.n, ctx.report.d, ctx.method)
-    if recommendation.method == "cluster_recenter" and ctx.sample_centroids is not None and ctx.config.method == "auto":
+    if recommendation.method == Method.CLUSTER_RECENTER and ctx.sample_centroids is not None and ctx.config.method == "auto":
         fit_cluster_candidate(ctx)
 
 
@@ -284,7 +285,7 @@ def evaluate(ctx: NightlyContext, info: dict) -> None:
     for warning in record["warnings"]:
         log.warning("evaluation: %s", warning)
     if ctx.chosen == PUBLISHED:
-        ctx.method = previous.get("method") or "none"
+        ctx.method = previous.get("method") or Method.NONE
         ctx.chosen_params = load_artifact(previous["artifact"]).manifest["params"] if previous.get("artifact") else {}
         if previous.get("input_path") == config.input and previous.get("input_version") == ctx.ref.version:
             rec.update(status="kept", mode="kept")
@@ -314,10 +315,10 @@ def fit(ctx: NightlyContext, info: dict) -> None:
     config, method = ctx.config, ctx.method
     params = ctx.chosen_params if ctx.chosen is not None else fit_params(config, method, ctx.recommendation)
     artifact_path, why = None, "method none: vectors published unchanged"
-    if ctx.chosen == PUBLISHED and method != "none":
+    if ctx.chosen == PUBLISHED and method != Method.NONE:
         ctx.model, artifact_path = model_from(load_artifact(ctx.previous["artifact"]), config), ctx.previous["artifact"]
         why = "the evaluation keeps the published transform"
-    elif method != "none":
+    elif method != Method.NONE:
         reused, why = reusable(config, ctx.previous, method, params, ctx.report.d, ctx.record["input_metrics"])
         if reused is not None:
             ctx.model, artifact_path = model_from(reused, config), ctx.previous["artifact"]
@@ -432,7 +433,7 @@ def gate_output(ctx: NightlyContext, info: dict) -> None:
             ctx.record["counts"]["rows_written"] = info["rows"]
     except GateError as exc:
         problems += exc.problems
-    if labelled(ctx.config) and ctx.chosen is None and ctx.method != "none":
+    if labelled(ctx.config) and ctx.chosen is None and ctx.method != Method.NONE:
         problems += quality_gate(ctx)
     problems += neighbour_gate(ctx)
     if problems:
