@@ -10,7 +10,7 @@
 * ``abtt [i, j]``        — ABTT of the artefact set (directions the artefact test flagged), when it is not a top-j,
 * ``whitening k=…``      — whitening-k for a few k: the ``whitening_variance`` k, d/4 and d/2, capped at the rank,
 * ``abtt+whitening …``   — ABTT of the artefact set (else the top max(1, round(d/100))) then whitening-k of the rest,
-* ``cluster_recenter``   — when a fitted :class:`~anisotropy_core.clustering.ClusterRecenter` is given,
+* ``cluster_recenter``   — when a fitted :class:`~anisotropy_core.cluster_recenter.ClusterRecenter` is given,
 * ``published``          — (added by the caller) the transform the output currently carries.
 
 **The evidence** (:func:`summarise`): per-query metric values (recall@k, nDCG@k) or pair cosines (Spearman ρ)

@@ -33,7 +33,7 @@ from .diagnostics import covariance_spectrum, dual_spectrum, marchenko_pastur_ed
 from .moments import InvalidVectorsError, Moments
 
 REGISTRY: dict[str, type["FittedTransform"]] = {}
-PLUGINS = {"cluster_recenter": "anisotropy_core.clustering", "flow": "anisotropy_core.flow"}   # method → module that registers it
+PLUGINS = {"cluster_recenter": "anisotropy_core.cluster_recenter", "flow": "anisotropy_core.flow"}   # method → module that registers it
 
 DEFAULT_EPS = 1e-12   # whitening clamp: eigenvalues below eps·λ₁ are raised to eps·λ₁
 APPLY_BLOCK_ROWS = 256    # rows per block of apply: its float64 scratch (256 × d × 8 bytes) stays in the CPU cache

@@ -13,7 +13,7 @@ from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (HasDistanceMeasure, HasInputCol, HasMaxIter, HasOutputCol, HasPredictionCol,
                                      HasSeed, HasTol)
 
-from anisotropy_core.clustering import DEFAULT_INIT_STEPS, DEFAULT_MAX_ITER, DEFAULT_TOL
+from anisotropy_core.kmeans import DEFAULT_INIT_STEPS, DEFAULT_MAX_ITER, DEFAULT_TOL
 from anisotropy_core.transforms import DEFAULT_EPS
 
 

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 
 from anisotropy_core.artifact import ArtifactError, load_artifact
 from anisotropy_core.candidates import PUBLISHED, refuse_explicit
-from anisotropy_core.clustering import ClusterRecenter
+from anisotropy_core.cluster_recenter import ClusterRecenter
 from anisotropy_core.decision import Recommendation, recommend
 from anisotropy_core.diagnostics import Diagnosis
 from anisotropy_core.diagnostics import diagnose as diagnose_moments

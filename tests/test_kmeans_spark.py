@@ -6,7 +6,8 @@ from pyspark.ml.functions import array_to_vector
 from pyspark.sql import functions as F
 
 from anisotropy_core.artifact import Artifact, ArtifactError, build_manifest, load_artifact
-from anisotropy_core.clustering import cluster_diagnostics, cluster_moments, kmeans, sample_partitions
+from anisotropy_core.cluster_diagnostics import cluster_diagnostics, cluster_moments
+from anisotropy_core.kmeans import kmeans, sample_partitions
 from anisotropy_core.moments import Moments
 from anisotropy_core.row_keys import row_keys, split_row_ids
 from anisotropy_core.synthetic import mixture
