@@ -70,9 +70,9 @@ from anisotropy_spark.session import get_spark
 from anisotropy_spark.table_files import pyarrow_or_spark, table_files
 from anisotropy_spark.worker_errors import worker_error
 from jobs.cli import run
+from jobs.columns import VERSION_COLUMN
 from jobs.config import InputSettings, OutputFiles, VectorReader, parse_args
 
-VERSION_COLUMN = "transform_version"
 JOB_NAME = "anisotropy.apply"
 NORM_OUTLIER_NOTE = ("not applied: the artifact records no median length of its fitted input "
                      "(the nightly job applies the rule; docs/errors.md)")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-if TYPE_CHECKING:   # annotations only: jobs.cli imports GateError, and nightly_config imports the jobs
+if TYPE_CHECKING:   # annotations only: every job imports jobs.cli, which imports GateError; the settings stay out
     from jobs.nightly_config import NightlyConfig
 
 

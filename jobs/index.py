@@ -41,36 +41,9 @@ from anisotropy_spark.io import as_vector_array, read_table, validate
 from anisotropy_spark.session import get_spark
 from jobs.cli import EXIT, run
 from jobs.config import ConfigError, parse_args
+from jobs.index_settings import IndexSettings
 
 log = logging.getLogger("anisotropy.index")
-
-
-@dataclasses.dataclass(kw_only=True)
-class IndexSettings:
-    """How to build the index (the ``index:`` block of a nightly, or the index job without its input keys)."""
-
-    index_dir: str
-    factory: str = core.DEFAULT_FACTORY
-    nprobe: int | None = None
-    min_index_recall: float = 0.9
-    k: int = 10
-    train_size: int = 100_000
-    query_size: int = 1_000
-    seed: int = 0
-    vector_col: str = "vector"
-    id_col: str = "id"
-    dimension: int | None = None
-
-    def check(self) -> list[str]:
-        problems = [f"{key} must be >= 1, got {getattr(self, key)}" for key in ("k", "train_size", "query_size")
-                    if getattr(self, key) < 1]
-        if self.nprobe is not None and self.nprobe < 1:
-            problems.append(f"nprobe must be >= 1 or null, got {self.nprobe}")
-        if not 0 <= self.min_index_recall <= 1:
-            problems.append(f"min_index_recall must be in [0, 1], got {self.min_index_recall}")
-        if self.dimension is not None and self.dimension < 1:
-            problems.append(f"dimension must be >= 1, got {self.dimension}")
-        return problems
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -13,7 +13,6 @@ from typing import Literal
 
 from anisotropy_core.decision import DecisionThresholds
 from anisotropy_core.diagnostics import Diagnosis
-from jobs.apply import VERSION_COLUMN
 from jobs.config import (
     ConfigError,
     EvaluationConfig,
@@ -23,11 +22,11 @@ from jobs.config import (
     config_hash,
     flow_problems,
 )
-from jobs.index import IndexSettings
+from jobs.columns import CLUSTER_COLUMN, VERSION_COLUMN
+from jobs.index_settings import IndexSettings
 
 # the scalar numbers of anisotropy_core.diagnose (what drift thresholds and output bounds may name)
 CORE_METRICS = Diagnosis.scalar_names()
-CLUSTER_COLUMN = "cluster_id"
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -48,7 +48,7 @@ from anisotropy_spark.row_sample import RowSample
 from anisotropy_spark.table_files import table_files
 from anisotropy_spark.worker_errors import worker_error
 from jobs import evaluation
-from jobs.apply import VERSION_COLUMN
+from jobs.columns import VERSION_COLUMN
 from jobs.config import ConfigError
 from jobs.diagnose import artefact_of_sample, sampled_columns
 from jobs.fit_or_reuse import (
