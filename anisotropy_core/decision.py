@@ -59,8 +59,6 @@ import numpy as np
 from .artefact_evidence import DEFAULT_ALPHA, DEFAULT_PERMUTATIONS
 from .transforms import choose_directions, max_abs_corr, rule_of_thumb_d
 
-METHODS = ("none", "center", "abtt", "whitening", "cluster_recenter")
-
 
 @dataclass(frozen=True)
 class DecisionThresholds:

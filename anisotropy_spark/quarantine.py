@@ -25,7 +25,6 @@ ROW_HASH = "row_hash"
 # the id scan reads only the id column, so its splits may span 16x Spark's default 128 MiB of file bytes
 # (Spark still cuts a small table into about one split per core: its bytes-per-core bound)
 ID_SCAN_CONF = {"spark.sql.files.maxPartitionBytes": str(2 << 30)}
-PROVENANCE = ("quarantined_at", "run_id", "input_version", ROW_HASH)
 
 
 @dataclass
