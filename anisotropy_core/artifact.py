@@ -1,4 +1,5 @@
-"""Versioned transform artifacts: a directory with ``arrays.npz`` + ``manifest.json``. Plain numpy only.
+"""Versioned transform artifacts: a directory with ``arrays.npz`` + ``manifest.json``. numpy, and pyarrow for the
+files (:mod:`.storage`: local paths and object stores).
 
 Layout of ``<path>/``::
 
