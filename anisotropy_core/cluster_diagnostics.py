@@ -77,7 +77,7 @@ def cluster_diagnostics(states: Sequence[Moments]) -> dict[str, Any]:
 
 
 def _diagnosis_row(state: Moments, corpus_n: int) -> dict[str, Any]:
-    row = {"size": int(state.n), "share": state.n / corpus_n if corpus_n else 0.0, "d": state.d}
+    row: dict[str, Any] = {"size": int(state.n), "share": state.n / corpus_n if corpus_n else 0.0, "d": state.d}
     try:
         report = diagnose(state)
     except ValueError:        # fewer than 2 vectors, or zero spread: the shape is undefined

@@ -331,7 +331,7 @@ def first_centre_candidate(x: np.ndarray, rng: np.random.Generator) -> tuple[flo
 
     The row with the smallest key over all partitions is a uniformly random first centre.
     """
-    keys = rng.random(x.shape[0])
+    keys = rng.random((x.shape[0],))
     best = int(np.argmin(keys))
     return float(keys[best]), x[best]
 

@@ -29,6 +29,8 @@ def within_share(x: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, float]:
     points = np.ascontiguousarray(x, dtype=np.float32)
     model = faiss.Kmeans(points.shape[1], k, niter=KMEANS_ITERATIONS, seed=seed, verbose=False)
     model.train(points)
+    if model.centroids is None:     # set by train; None only before it
+        raise RuntimeError("faiss k-means returned no centroids")
     distances, _ = model.index.search(points, 1)
     total = float(((x - x.mean(axis=0)) ** 2).sum())
     return model.centroids.astype(np.float64), float(distances.sum()) / total if total > 0 else 1.0

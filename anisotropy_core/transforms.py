@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Union
+from typing import Any, Callable, ClassVar, Mapping, Union
 
 import numpy as np
 
@@ -144,7 +144,7 @@ def map_blocks(x: np.ndarray, d_in: int, d_out: int, dtype: type, block: BlockFn
     Checks each input block (:func:`check_input`) and each output block after the cast to ``dtype``;
     errors name the row of ``x`` (a block's :class:`NonFiniteOutputError` is shifted to it).
     """
-    out = np.empty((check_shape(x, d_in).shape[0], d_out), dtype)
+    out: np.ndarray = np.empty((check_shape(x, d_in).shape[0], d_out), dtype)
     scratch = np.empty((min(x.shape[0], APPLY_BLOCK_ROWS), d_in), np.float64)
     for start in range(0, x.shape[0], APPLY_BLOCK_ROWS):
         rows = scratch[:min(APPLY_BLOCK_ROWS, x.shape[0] - start)]
@@ -475,11 +475,11 @@ def choose_directions(eigenvalues: np.ndarray, n: int, d: int, rule: str = "rule
         return sorted(int(row["index"]) for row in artefact_directions or []
                       if int(row["index"]) <= above and max_abs_corr(row)[1] >= artefact_corr), "artefact"
     capped = max_D is not None and above > max_D
-    count = min(max_D if capped else above, limit)
+    count = min(above if max_D is None else min(above, max_D), limit)
     return list(range(1, count + 1)), "marchenko_pastur_capped" if capped else "marchenko_pastur"
 
 
-def max_abs_corr(direction: dict) -> tuple[str | None, float]:
+def max_abs_corr(direction: Mapping[str, Any]) -> tuple[str | None, float]:
     """(column, |corr|) of the metadata column most correlated with one direction's projection, the larger of
     |Pearson| (``abs_corr``) and |Spearman| (``abs_spearman``, when present) per column; (None, 0.0) when no
     column has a defined correlation. ``direction``: ``{"abs_corr": {column: |corr| | None}, …}``."""
@@ -490,7 +490,7 @@ def max_abs_corr(direction: dict) -> tuple[str | None, float]:
                 known[column] = max(known.get(column, 0.0), float(value))
     if not known:
         return None, 0.0
-    name = max(known, key=known.get)
+    name = max(known, key=lambda column: known[column])
     return name, known[name]
 
 
@@ -587,7 +587,7 @@ def fit_abtt_pca_abtt(data: FitData, D: int | None = None, k: int | None = None,
                        reduced.eigenvalues, first.d_rule, rule)
 
 
-FITTERS = {"center": fit_center, "abtt": fit_abtt, "whitening": fit_whitening, "abtt_pca_abtt": fit_abtt_pca_abtt}
+FITTERS: dict[str, Callable[..., FittedTransform]] = {"center": fit_center, "abtt": fit_abtt, "whitening": fit_whitening, "abtt_pca_abtt": fit_abtt_pca_abtt}
 
 
 def fit(method: str, data: FitData, **params) -> FittedTransform:
