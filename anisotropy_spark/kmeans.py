@@ -43,14 +43,14 @@ import base64
 import functools
 import math
 import pickle
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
 from pyspark import RDD, BarrierTaskContext, SparkContext, keyword_only
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import IntegerType, StructField
+from pyspark.sql.types import ArrayType, FloatType, IntegerType, StructField
 
 from anisotropy_core.cluster_diagnostics import cluster_diagnostics, cluster_moments, merge_cluster_moments
 from anisotropy_core.cluster_recenter import ClusterRecenter, kmeans_info
@@ -85,7 +85,7 @@ def partition_states(vectors: DataFrame, vector_col: str, dimension: int, fold: 
     a task's memory is still one batch plus its state, and the states to merge are as many as the slots, not
     as the input's partitions."""
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         state = fold(batch_matrix(b, vector_col, dimension, dtype=None) for b in batches if b.num_rows)
         yield pa.RecordBatch.from_pydict({"state": [pickle.dumps(state)]}, schema=STATE_SCHEMA)
 
@@ -168,7 +168,7 @@ def in_memory_refine(vectors: DataFrame, vector_col: str, dimension: int, metric
     reruns the whole barrier stage."""
 
     def refine(start: np.ndarray, passes: int, tol: float, step: Step | None) -> KMeansResult:
-        def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             context = BarrierTaskContext.get()
             blocks = [prepare(batch_matrix(b, vector_col, dimension, dtype=None), metric) for b in batches
                       if b.num_rows]
@@ -235,7 +235,8 @@ def fit_kmeans(df: DataFrame, vector_col: str, k: int, metric: str = "euclidean"
     d = dimension if dimension is not None else infer_dimension(vectors, vector_col)
     n = vectors.count()
     slots = task_slots(vectors.sparkSession.sparkContext)
-    itemsize = 4 if vectors.schema[vector_col].dataType.elementType.simpleString() == "float" else 8
+    data_type = vectors.schema[vector_col].dataType       # array<float> or array<double> (as_vector_array)
+    itemsize = 4 if isinstance(data_type, ArrayType) and isinstance(data_type.elementType, FloatType) else 8
     held_sample = min(sample_size, n) if corrected_iter else 0     # in memory the default is 0: no sample held
     if fits_in_memory(n, d, itemsize, k, slots, task_memory, held_sample):
         refine = in_memory_refine(vectors, vector_col, d, metric, slots)
@@ -313,19 +314,27 @@ class ClusterRecenterModel(CorrectionModel, _ClusterRecenterParams):
     registered for that method, so ``CorrectionModel.from_artifact`` / ``CorrectionModel.load`` of such an
     artifact return this class."""
 
+    _input_kwargs: dict[str, Any]       # set by pyspark's @keyword_only
+
     def setPredictionCol(self, value: str) -> "ClusterRecenterModel":
         return self._set(predictionCol=value)
 
     @keyword_only
     def setParams(self, *, inputCol: str | None = None, outputCol: str | None = None,
-                  predictionCol: str | None = None) -> "ClusterRecenterModel":
-        """The model's settable Params: its columns (the fitted Params are read-only on a model)."""
-        return self._set(**self._input_kwargs)
+                  outputDtype: str | None = None, predictionCol: str | None = None) -> "ClusterRecenterModel":
+        """The model's settable Params: its columns and output element type, as for every
+        :class:`CorrectionModel`, and ``predictionCol`` (the fitted Params are read-only on a model)."""
+        given = dict(self._input_kwargs)
+        prediction = {"predictionCol": given.pop("predictionCol")} if "predictionCol" in given else {}
+        super().setParams(**given)
+        return self._set(**prediction)
 
     def extra_output_fields(self) -> list[StructField]:
         return [StructField(self.getPredictionCol(), IntegerType(), True)]
 
     def batch_outputs(self) -> BatchOutputs:
+        if not isinstance(self.transform_, ClusterRecenter):
+            raise TypeError(f"a ClusterRecenterModel holds a ClusterRecenter, got {type(self.transform_).__name__}")
         return cluster_outputs(self.transform_)
 
 
@@ -349,6 +358,7 @@ class ClusterRecenterEstimator(CorrectionEstimator, _ClusterRecenterParams):
 
     model_class = ClusterRecenterModel
     moment_based = False
+    _input_kwargs: dict[str, Any]       # set by pyspark's @keyword_only
 
     @keyword_only
     def __init__(self, *, inputCol: str | None = None, outputCol: str | None = None, k: int = 8, D: int = 0,

@@ -118,9 +118,10 @@ def index_stage(spark: SparkSession, settings: IndexSettings, path: str, version
     exact = exact_ids(table.rows, settings.vector_col, settings.id_col, table.dimension, queries, settings.k,
                       {"index": None})["index"]
     verification = verify_index(index, queries, exact, settings.k, settings.min_index_recall, settings.nprobe)
+    transform_version = artifact.transform_version if artifact else None
     record = {"index_dir": settings.index_dir, "previous_version": previous, "factory": factory,
               "n": int(index.ntotal), "d": int(index.d), "built_from": table.ref,
-              "transform_version": artifact.transform_version if artifact else None, "verification": verification}
+              "transform_version": transform_version, "verification": verification}
     if raw_table is not None and artifact is not None:
         raw = valid_table(spark, raw_table[0], raw_table[1], settings, artifact.transform.d_in)
         raw_train, raw_queries = samples(raw, settings)
@@ -133,7 +134,7 @@ def index_stage(spark: SparkSession, settings: IndexSettings, path: str, version
                   f"CURRENT stays on {previous}")
         return {**record, "status": "refused", "reason": reason, "seconds": time.perf_counter() - started}
     manifest = core.build_manifest(index, factory, verification["nprobe"], verification["nprobe_curve"],
-                                   core.to_bytes(index), table.ref, record["transform_version"], verification)
+                                   core.to_bytes(index), table.ref, transform_version, verification)
     version_name = core.publish_index(settings.index_dir, index, manifest, artifact)
     return {**record, "status": "published", "index_version": version_name, "seconds": time.perf_counter() - started}
 
