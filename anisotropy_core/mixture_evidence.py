@@ -48,8 +48,8 @@ def mixture_check(vectors: np.ndarray, k: int, metric: str = "euclidean", seed: 
                   references: int = DEFAULT_REFERENCES) -> tuple[np.ndarray, dict]:
     """k-means of the sample ``vectors`` (m, d) and its null (module docstring).
 
-    Returns (centroids (k, d), the :func:`~anisotropy_core.cluster_diagnostics.cluster_diagnostics` of the sample's clusters
-    plus ``"mixture_null": {"within_share", "reference_shares": [...], "p", "references"}`` and ``"mixture_p"``).
+    Returns (centroids (k, d), the :func:`~anisotropy_core.cluster_diagnostics.cluster_diagnostics` of the sample's
+    clusters plus ``"mixture_null": {"within_share", "reference_shares": [...], "p", "references"}`` and ``"mixture_p"``).
     ``metric``: the distance the clusters are assigned by (cosine: unit rows are clustered)."""
     x = prepare(np.asarray(vectors, dtype=np.float64), metric).astype(np.float64)
     scale = float(np.median(np.linalg.norm(x, axis=1))) or 1.0

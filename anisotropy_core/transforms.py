@@ -33,7 +33,8 @@ from .diagnostics import covariance_spectrum, dual_spectrum, marchenko_pastur_ed
 from .moments import InvalidVectorsError, Moments
 
 REGISTRY: dict[str, type["FittedTransform"]] = {}
-PLUGINS = {"cluster_recenter": "anisotropy_core.cluster_recenter", "flow": "anisotropy_core.flow"}   # method → module that registers it
+# method → module that registers it
+PLUGINS = {"cluster_recenter": "anisotropy_core.cluster_recenter", "flow": "anisotropy_core.flow"}
 
 DEFAULT_EPS = 1e-12   # whitening clamp: eigenvalues below eps·λ₁ are raised to eps·λ₁
 APPLY_BLOCK_ROWS = 256    # rows per block of apply: its float64 scratch (256 × d × 8 bytes) stays in the CPU cache
@@ -587,7 +588,8 @@ def fit_abtt_pca_abtt(data: FitData, D: int | None = None, k: int | None = None,
                        reduced.eigenvalues, first.d_rule, rule)
 
 
-FITTERS: dict[str, Callable[..., FittedTransform]] = {"center": fit_center, "abtt": fit_abtt, "whitening": fit_whitening, "abtt_pca_abtt": fit_abtt_pca_abtt}
+FITTERS: dict[str, Callable[..., FittedTransform]] = {"center": fit_center, "abtt": fit_abtt, "whitening": fit_whitening,
+                                                     "abtt_pca_abtt": fit_abtt_pca_abtt}
 
 
 def fit(method: str, data: FitData, **params) -> FittedTransform:

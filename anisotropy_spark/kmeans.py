@@ -286,7 +286,8 @@ def spark_fit_cluster_recenter(vectors: DataFrame, vector_col: str, dimension: i
     """The Spark counterpart of :func:`anisotropy_core.cluster_recenter.fit_cluster_recenter` (same parameter
     names): k-means of the valid ``vector_col`` (:func:`fit_kmeans`, ``task_memory`` as there), then one pass for
     the k per-cluster :class:`Moments`; returns the fitted :class:`ClusterRecenter` (``n_directions`` — the
-    estimator's ``D`` — within-cluster directions removed per cluster) and those states (what :func:`~anisotropy_core.cluster_diagnostics.cluster_diagnostics` reads)."""
+    estimator's ``D`` — within-cluster directions removed per cluster) and those states (what
+    :func:`~anisotropy_core.cluster_diagnostics.cluster_diagnostics` reads)."""
     metric = check_metric(metric)
     result = fit_kmeans(vectors, vector_col, k, metric, seed, max_iter, tol, init_steps, dimension=dimension,
                         task_memory=task_memory)
