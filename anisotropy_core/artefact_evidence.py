@@ -163,7 +163,8 @@ def direction_test(projections: np.ndarray, eigenvalues: np.ndarray, metadata: M
     complete = np.isfinite(columns).all(axis=1)
     rng = np.random.default_rng(seed)
     c = len(names)
-    pearson = spearman = p = None
+    # no test (no column, or fewer than 3 complete rows): every column counts as constant, nothing is read below
+    pearson, spearman, p = np.full((k, c), np.nan), np.full((k, c), np.nan), np.full((k, c, 2), np.nan)
     constant = np.zeros(c, dtype=bool)
     if c and complete.sum() >= 3:
         pearson, spearman, p, constant = metadata_test(proj[complete], columns[complete], permutations_count, rng)
@@ -183,16 +184,19 @@ def direction_test(projections: np.ndarray, eigenvalues: np.ndarray, metadata: M
         corr = {names[i]: float(pearson[j, i]) if i in defined else None for i in range(c)}
         rank_corr = {names[i]: float(spearman[j, i]) if i in defined else None for i in range(c)}
         by_column = {names[i]: float(p[j, i].min()) if i in defined else None for i in range(c)}
-        p_min = min((by_column[names[i]] for i in defined), default=None)
-        effect = max((max(corr[names[i]], rank_corr[names[i]]) for i in defined), default=0.0)
-        spread = float(separation[j]) if separation is not None and len(label_means) >= 2 else None
-        spread_p = float(label_p[j]) if spread is not None else None
+        p_min = min((float(p[j, i].min()) for i in defined), default=None)
+        effect = max((max(float(pearson[j, i]), float(spearman[j, i])) for i in defined), default=0.0)
+        spread: float | None = None
+        spread_p: float | None = None
+        if separation is not None and label_p is not None and len(label_means) >= 2:
+            spread, spread_p = float(separation[j]), float(label_p[j])
         rows.append({"index": j + 1, "eigenvalue": float(lam[j]), "abs_corr": corr, "abs_spearman": rank_corr,
                      "p_adjusted": p_min, "p_adjusted_by_column": by_column,
                      "label_separation": spread if spread is None or np.isfinite(spread) else None,
                      "label_p_adjusted": spread_p,
                      "significant": bool(p_min is not None and p_min < alpha and effect >= artefact_corr),
-                     "label_significant": bool(spread is not None and spread_p < alpha and spread >= label_separation)})
+                     "label_significant": bool(spread is not None and spread_p is not None and spread_p < alpha
+                                                  and spread >= label_separation)})
     return {"directions": rows, "abs_corr": rows[0]["abs_corr"],
             "label_means": {label: float(v[0]) for label, v in label_means.items()},
             "null": {"method": "permutation maxT (Westfall-Young) over directions x columns x {Pearson, Spearman}; "

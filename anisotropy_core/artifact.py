@@ -1,4 +1,5 @@
-"""Versioned transform artifacts: a directory with ``arrays.npz`` + ``manifest.json``. Plain numpy only.
+"""Versioned transform artifacts: a directory with ``arrays.npz`` + ``manifest.json``. numpy, and pyarrow for the
+files (:mod:`.storage`: local paths and object stores).
 
 Layout of ``<path>/``::
 
@@ -106,7 +107,10 @@ def save_artifact(path: str, transform: FittedTransform, n: int, fitted_on: dict
     """
     manifest = build_manifest(transform, n, fitted_on)
     buffer = io.BytesIO()
-    np.savez(buffer, **{k: np.ascontiguousarray(v, dtype=np.float64) for k, v in transform.arrays().items()})
+    arrays = {k: np.ascontiguousarray(v, dtype=np.float64) for k, v in transform.arrays().items()}
+    # numpy's stub lists allow_pickle: bool beside **kwds, and mypy checks a **dict against it (numpy < 2.1 has no
+    # such keyword, so it is not passed)
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]
     storage.write_atomic(storage.join(path, ARRAYS), buffer.getvalue())
     storage.write_atomic(storage.join(path, MANIFEST), json.dumps(manifest, indent=2, sort_keys=True))
     return manifest

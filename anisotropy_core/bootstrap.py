@@ -11,16 +11,17 @@
 from __future__ import annotations
 
 import zlib
-from typing import Sequence
+from typing import Any, Sequence, Union
 
 import numpy as np
 
 DEFAULT_RESAMPLES = 2000
 DEFAULT_CONFIDENCE = 0.95
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+Ids = Union[Sequence[Any], np.ndarray]     # (m,) query or pair ids: a list, or an array of any dtype
 
 
-def id_hash(ids: Sequence, salt: int = 0) -> np.ndarray:
+def id_hash(ids: Ids, salt: int = 0) -> np.ndarray:
     """(m,) uint64 splitmix64 hash of ``ids`` (integers; anything else is hashed by CRC-32 of its text first),
     mixed with ``salt``."""
     values = np.asarray(ids)
@@ -33,14 +34,14 @@ def id_hash(ids: Sequence, salt: int = 0) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
-def folds_of(ids: Sequence, folds: int, seed: int = 0) -> np.ndarray:
+def folds_of(ids: Ids, folds: int, seed: int = 0) -> np.ndarray:
     """(m,) fold number in 0..folds−1 of each id."""
     if folds < 1:
         raise ValueError(f"folds must be >= 1, got {folds}")
     return (id_hash(ids, 2 * seed) % np.uint64(folds)).astype(np.int64)
 
 
-def selection_half(ids: Sequence, seed: int = 0) -> np.ndarray:
+def selection_half(ids: Ids, seed: int = 0) -> np.ndarray:
     """(m,) bool: True for the ids of the selection half, False for the report half (a hash bit independent
     of :func:`folds_of`)."""
     return (id_hash(ids, 2 * seed + 1) >> np.uint64(63)).astype(bool)

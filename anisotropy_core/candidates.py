@@ -10,7 +10,7 @@
 * ``abtt [i, j]``        — ABTT of the artefact set (directions the artefact test flagged), when it is not a top-j,
 * ``whitening k=…``      — whitening-k for a few k: the ``whitening_variance`` k, d/4 and d/2, capped at the rank,
 * ``abtt+whitening …``   — ABTT of the artefact set (else the top max(1, round(d/100))) then whitening-k of the rest,
-* ``cluster_recenter``   — when a fitted :class:`~anisotropy_core.clustering.ClusterRecenter` is given,
+* ``cluster_recenter``   — when a fitted :class:`~anisotropy_core.cluster_recenter.ClusterRecenter` is given,
 * ``published``          — (added by the caller) the transform the output currently carries.
 
 **The evidence** (:func:`summarise`): per-query metric values (recall@k, nDCG@k) or pair cosines (Spearman ρ)
@@ -29,11 +29,11 @@ Every metric is higher = better.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence, TypedDict
 
 import numpy as np
 
-from .bootstrap import (DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, interval, mean_draws, resample_indices,
+from .bootstrap import (DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, Ids, interval, mean_draws, resample_indices,
                         selection_half, spearman_draws, spearman_rows)
 from .decision import whitening_k
 from .diagnostics import centred_spectrum
@@ -148,6 +148,14 @@ def fit_grid(state: Moments, grid: Sequence[Candidate],
     return {c.name: fit_candidate(state, c, cluster_recenter) for c in grid}
 
 
+class CandidateIntervals(TypedDict):
+    """One candidate's differences with their intervals: {metric: {"mean", "low", "high"}} against raw, and
+    against the published transform (None when there is none)."""
+
+    delta_vs_raw: dict[str, dict[str, float]]
+    delta_vs_published: dict[str, dict[str, float]] | None
+
+
 @dataclass
 class Evidence:
     """What :func:`summarise` measured: per candidate the ``selection`` and ``report`` half means
@@ -156,7 +164,7 @@ class Evidence:
 
     selection: dict[str, dict[str, float]]
     report: dict[str, dict[str, float]]
-    intervals: dict[str, dict[str, dict | None]]
+    intervals: dict[str, CandidateIntervals]
     sizes: dict[str, int]
 
 
@@ -176,11 +184,13 @@ def summarise(names: Sequence[str], query_metrics: Mapping[str, Mapping[str, np.
     names = list(names)
     if RAW not in names:
         raise ValueError("the evidence needs the raw candidate 'none' as its baseline")
-    selection = {name: {} for name in names}
-    report = {name: {} for name in names}
+    selection: dict[str, dict[str, float]] = {name: {} for name in names}
+    report: dict[str, dict[str, float]] = {name: {} for name in names}
     draws: dict[str, np.ndarray] = {}            # metric → (resamples, C) statistic per resample
     sizes: dict[str, int] = {}
     if query_metrics is not None:
+        if query_ids is None:
+            raise ValueError("query_metrics need their query_ids")
         half = _halves(query_ids, seed, split, 2, "queries")
         sizes.update(queries_selection=int(half.sum()), queries_report=int((~half).sum()))
         index = resample_indices(int((~half).sum()), resamples, seed)
@@ -192,6 +202,8 @@ def summarise(names: Sequence[str], query_metrics: Mapping[str, Mapping[str, np.
                 report[name][metric] = float(values[c, ~half].mean())
             draws[metric] = mean_draws(values[:, ~half], index)
     if pair_cosines is not None:
+        if pair_keys is None or gold is None:
+            raise ValueError("pair_cosines need their pair_keys and gold scores")
         half = _halves(pair_keys, seed, split, 3, "pairs")
         sizes.update(pairs_selection=int(half.sum()), pairs_report=int((~half).sum()))
         cosines = np.stack([np.asarray(pair_cosines[name], dtype=np.float64) for name in names])
@@ -204,7 +216,7 @@ def summarise(names: Sequence[str], query_metrics: Mapping[str, Mapping[str, np.
                                            resample_indices(int((~half).sum()), resamples, seed))
     raw = names.index(RAW)
     published = names.index(PUBLISHED) if PUBLISHED in names else None
-    intervals = {}
+    intervals: dict[str, CandidateIntervals] = {}
     for c, name in enumerate(names):
         def against(base: int) -> dict[str, dict[str, float]]:
             return {metric: interval(report[name][metric] - report[names[base]][metric],
@@ -214,7 +226,7 @@ def summarise(names: Sequence[str], query_metrics: Mapping[str, Mapping[str, np.
     return Evidence(selection, report, intervals, sizes)
 
 
-def _halves(ids: Sequence, seed: int, split: bool, least: int, what: str) -> np.ndarray:
+def _halves(ids: Ids, seed: int, split: bool, least: int, what: str) -> np.ndarray:
     """(m,) True = selection half; without ``split`` a mask whose "report half" (~mask) is every id."""
     if not split:
         if len(ids) < least:
@@ -264,7 +276,10 @@ def decide(evidence: Evidence, metric: str, min_gain: float, published: bool,
         return "keep", kept, f"{keep}: {said} does not exceed min_gain {min_gain:g}{left_out}"
     said += f" exceeds min_gain {min_gain:g}"
     if published:
-        vs_published = evidence.intervals[best]["delta_vs_published"][metric]
+        against_published = evidence.intervals[best]["delta_vs_published"]
+        if against_published is None:
+            raise ValueError("published is set but the evidence holds no published candidate")
+        vs_published = against_published[metric]
         if not vs_published["low"] > 0:
             return "keep", kept, (f"{keep}: {said}, but Δ vs the published transform {interval_text(vs_published)} "
                                   f"does not exceed 0{left_out}")
@@ -272,7 +287,7 @@ def decide(evidence: Evidence, metric: str, min_gain: float, published: bool,
     return "publish", best, f"published {best}: {said}{left_out}"
 
 
-def refuse_explicit(intervals: Mapping[str, Mapping | None], max_quality_drop: float) -> tuple[bool, str]:
+def refuse_explicit(intervals: CandidateIntervals, max_quality_drop: float) -> tuple[bool, str]:
     """(passes, reason) for an explicitly configured method scored as one candidate: refused when, on some
     metric, the upper bound of its Δ against raw lies below −``max_quality_drop`` (its interval says it is
     worse than raw by more than that)."""

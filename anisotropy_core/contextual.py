@@ -28,7 +28,7 @@ A = (n‖μ̂‖² − 1)/(n − 1) computes it from one count and one (d,) sum 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Hashable, Iterable, Mapping, Sequence
+from typing import Any, Hashable, Iterable, Mapping, Sequence, TypeVar
 
 import numpy as np
 
@@ -39,6 +39,8 @@ from .transforms import FitData, principal
 # a total occurrence variance below this fraction of ‖mean‖² is rounding noise of identical vectors
 # (float64 rounding leaves ~1e-32·‖mean‖²); real spread in embeddings is many orders of magnitude above
 IDENTICAL_TOLERANCE = 1e-20
+
+Key = TypeVar("Key", bound=Hashable)   # a group key: a layer, or a (layer, word) / (layer, sentence) pair
 
 
 @dataclass
@@ -84,7 +86,7 @@ class GroupSums:
         return cls(int(flat[0]), flat[1:1 + d].copy(), flat[1 + d:].copy())
 
 
-def group_sums(vectors: np.ndarray, keys: Sequence[Hashable]) -> dict[Hashable, GroupSums]:
+def group_sums(vectors: np.ndarray, keys: Sequence[Key]) -> dict[Key, GroupSums]:
     """Group the rows of ``vectors`` (n, d) by ``keys`` (n,) → {key: GroupSums}, vectorised per group."""
     x = np.asarray(vectors, dtype=np.float64)
     codes, uniques = _factorize(keys)
@@ -100,8 +102,7 @@ def group_sums(vectors: np.ndarray, keys: Sequence[Hashable]) -> dict[Hashable, 
     return {uniques[g]: GroupSums(int(counts[g]), sum_unit[g], sum_raw[g]) for g in range(k)}
 
 
-def group_rows(vectors: np.ndarray, keys: Sequence[Hashable],
-               only: Iterable[Hashable] | None = None) -> dict[Hashable, np.ndarray]:
+def group_rows(vectors: np.ndarray, keys: Sequence[Key], only: Iterable[Key] | None = None) -> dict[Key, np.ndarray]:
     """The rows (m, d) of each group of ``vectors`` (n, d) (for MEV and static vectors); ``only`` restricts
     the groups."""
     x = np.asarray(vectors, dtype=np.float64)
@@ -110,9 +111,9 @@ def group_rows(vectors: np.ndarray, keys: Sequence[Hashable],
     return {key: x[codes == g] for g, key in enumerate(uniques) if wanted is None or key in wanted}
 
 
-def _factorize(keys: Sequence[Hashable]) -> tuple[np.ndarray, list]:
+def _factorize(keys: Sequence[Key]) -> tuple[np.ndarray, list[Key]]:
     """(codes (n,), unique keys in first-seen order) for any hashable keys, tuples included."""
-    index: dict[Hashable, int] = {}
+    index: dict[Key, int] = {}
     codes = np.fromiter((index.setdefault(k, len(index)) for k in keys), dtype=np.int64)
     return codes, list(index)
 
@@ -217,7 +218,7 @@ def ranking(values: Mapping[Hashable, float]) -> list[Hashable]:
     return sorted(values, key=lambda k: -values[k])
 
 
-def contextual_measures(layer_sums: Mapping[Hashable, GroupSums],
+def contextual_measures(layer_sums: Mapping[Any, GroupSums],
                         word_sums: Mapping[tuple, GroupSums],
                         sentence_sums: Mapping[tuple, GroupSums],
                         word_moments: Mapping[tuple, FitData] | None = None) -> dict:

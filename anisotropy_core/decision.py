@@ -195,7 +195,7 @@ def recommend(report: Mapping[str, Any], clusters: Mapping[str, Any] | None = No
     ``report``: :func:`anisotropy_core.diagnose` output (uses n, d, anisotropy_A, isotropic_sd, top1_var,
     erank_frac, spectrum (d,), mp_above_upper, power_law_alpha, numerical_rank, and
     ``A_sign_null`` when present). ``clusters``: optional
-    :func:`anisotropy_core.clustering.cluster_diagnostics` output (``{"global", "clusters": [row...],
+    :func:`anisotropy_core.cluster_diagnostics.cluster_diagnostics` output (``{"global", "clusters": [row...],
     "locally_isotropic"}``). ``artefact``: optional artefact test (per-direction or u1-only form, see the module
     docstring). Returns a :class:`Recommendation` (see the module docstring for the branches, in order).
     """

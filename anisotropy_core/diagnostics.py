@@ -280,7 +280,7 @@ def diagnose(data: Moments | np.ndarray) -> Diagnosis:
         mp_above_upper=fit_range[1],
         power_law_alpha=power_law_fit(lam, fit_range)[0],
         erank_alpha=alpha_from_effective_rank(erank, d),
-        power_law_range=tuple(fit_range),
+        power_law_range=fit_range,
         spectrum=lam,
         u1=vecs[:, 0],
         principal_directions=vecs,
@@ -303,14 +303,14 @@ def artefact_test(projection: np.ndarray, numeric: Mapping[str, np.ndarray] | No
     ``None``.
     """
     proj = np.asarray(projection, dtype=np.float64)
-    abs_corr = {}
+    abs_corr: dict[str, float | None] = {}
     for name, column in (numeric or {}).items():
         col = np.asarray(column, dtype=np.float64)
         if col.std() == 0 or proj.std() == 0:
             abs_corr[name] = None
         else:
             abs_corr[name] = float(abs(np.corrcoef(proj, col)[0, 1]))
-    label_means = {}
+    label_means: dict[Any, float] = {}
     if labels is not None:
         labels = np.asarray(labels)
         for label in np.unique(labels):

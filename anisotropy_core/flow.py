@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -138,7 +139,7 @@ class Flow:
     def forward(self, x: np.ndarray, keep: bool = False):
         """x (B, d) centred → z (B, d). With ``keep`` also returns the per-layer inputs for :meth:`backward`."""
         h = self.arch.split
-        tape = []
+        tape: list[Any] = []     # per coupling: its input (B, d), then (permuted activations, hidden); last: z's input
         y = x
         for j in range(self.arch.couplings):
             tape.append(y)
@@ -244,7 +245,8 @@ def train_flow(sample: np.ndarray, couplings: int = FlowSettings.couplings, hidd
     flow = Flow(arch, init_parameters(arch, centred, seed))
     initial = flow.nll(centred)
     rng = np.random.default_rng(seed + 1)
-    first, second = {}, {}
+    first: dict[str, np.ndarray] = {}     # Adam's moment estimates per parameter
+    second: dict[str, np.ndarray] = {}
     for step in range(1, steps + 1):
         batch = centred[rng.choice(n, size=min(batch_size, n), replace=False)]
         _, grads = flow.backward(batch)

@@ -212,7 +212,8 @@ def pick_nprobe(curve: list[dict], target: float) -> int | None:
 
 def imbalance_factor(index: faiss.Index) -> float | None:
     """faiss's list-size imbalance of the inverted lists (1 = all lists equal; None without lists)."""
-    return float(ivf_of(index).invlists.imbalance_factor()) if is_ivf(index) else None
+    lists = ivf_of(index).invlists if is_ivf(index) else None
+    return None if lists is None else float(lists.imbalance_factor())
 
 
 def index_quality(index: faiss.Index, queries: np.ndarray, exact: np.ndarray, k: int, nprobe: int,

@@ -3,7 +3,7 @@ to nobody" — a single mean is only right for a single population).
 
 k-means always finds k clusters, also in one Gaussian blob, and cutting an elongated blob along its long axis
 leaves clusters that are flatter than the whole and offset from its mean: the per-cluster diagnostics alone
-(:func:`anisotropy_core.clustering.cluster_diagnostics`) would call every anisotropic corpus a mixture. So the
+(:func:`anisotropy_core.cluster_diagnostics.cluster_diagnostics`) would call every anisotropic corpus a mixture. So the
 check asks whether the sample's clusters explain more variance than k-means finds in a single population of the
 same shape: the statistic is the within-cluster share of the centred sum of squares, W_k / W_1, of the sample
 (m, d); the null is that statistic on ``references`` Gaussian samples with the sample's mean and covariance (the
@@ -16,7 +16,8 @@ from __future__ import annotations
 import faiss
 import numpy as np
 
-from .clustering import assign, cluster_diagnostics, cluster_moments, prepare
+from .cluster_diagnostics import cluster_diagnostics, cluster_moments
+from .kmeans import assign, prepare
 
 DEFAULT_REFERENCES = 19      # the smallest p is 1/(1 + 19) = 0.05
 KMEANS_ITERATIONS = 25
@@ -28,6 +29,8 @@ def within_share(x: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, float]:
     points = np.ascontiguousarray(x, dtype=np.float32)
     model = faiss.Kmeans(points.shape[1], k, niter=KMEANS_ITERATIONS, seed=seed, verbose=False)
     model.train(points)
+    if model.centroids is None:     # set by train; None only before it
+        raise RuntimeError("faiss k-means returned no centroids")
     distances, _ = model.index.search(points, 1)
     total = float(((x - x.mean(axis=0)) ** 2).sum())
     return model.centroids.astype(np.float64), float(distances.sum()) / total if total > 0 else 1.0
@@ -45,8 +48,8 @@ def mixture_check(vectors: np.ndarray, k: int, metric: str = "euclidean", seed: 
                   references: int = DEFAULT_REFERENCES) -> tuple[np.ndarray, dict]:
     """k-means of the sample ``vectors`` (m, d) and its null (module docstring).
 
-    Returns (centroids (k, d), the :func:`~anisotropy_core.clustering.cluster_diagnostics` of the sample's clusters
-    plus ``"mixture_null": {"within_share", "reference_shares": [...], "p", "references"}`` and ``"mixture_p"``).
+    Returns (centroids (k, d), the :func:`~anisotropy_core.cluster_diagnostics.cluster_diagnostics` of the sample's
+    clusters plus ``"mixture_null": {"within_share", "reference_shares": [...], "p", "references"}`` and ``"mixture_p"``).
     ``metric``: the distance the clusters are assigned by (cosine: unit rows are clustered)."""
     x = prepare(np.asarray(vectors, dtype=np.float64), metric).astype(np.float64)
     scale = float(np.median(np.linalg.norm(x, axis=1))) or 1.0

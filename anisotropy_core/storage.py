@@ -72,11 +72,6 @@ def list_files(folder: str) -> list[str]:
     return sorted(join(folder, posixpath.basename(info.path)) for info in found if info.type == pafs.FileType.File)
 
 
-def makedirs(path: str) -> None:
-    filesystem, inner = resolve(path)
-    filesystem.create_dir(inner, recursive=True)
-
-
 def read_bytes(path: str) -> bytes:
     filesystem, inner = resolve(path)
     with filesystem.open_input_stream(inner) as stream:

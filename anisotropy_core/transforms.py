@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Union
+from typing import Any, Callable, ClassVar, Mapping, Union
 
 import numpy as np
 
@@ -34,7 +34,8 @@ from .methods import Method, WhiteningSettings
 from .moments import InvalidVectorsError, Moments
 
 REGISTRY: dict[str, type["FittedTransform"]] = {}
-PLUGINS = {Method.CLUSTER_RECENTER: "anisotropy_core.clustering", Method.FLOW: "anisotropy_core.flow"}   # method → module that registers it
+# method → module that registers it
+PLUGINS = {Method.CLUSTER_RECENTER: "anisotropy_core.cluster_recenter", Method.FLOW: "anisotropy_core.flow"}
 
 DEFAULT_EPS = WhiteningSettings.eps   # whitening clamp: eigenvalues below eps·λ₁ are raised to eps·λ₁
 APPLY_BLOCK_ROWS = 256    # rows per block of apply: its float64 scratch (256 × d × 8 bytes) stays in the CPU cache
@@ -152,7 +153,7 @@ def map_blocks(x: np.ndarray, d_in: int, d_out: int, dtype: type, block: BlockFn
     Checks each input block (:func:`check_input`) and each output block after the cast to ``dtype``;
     errors name the row of ``x`` (a block's :class:`NonFiniteOutputError` is shifted to it).
     """
-    out = np.empty((check_shape(x, d_in).shape[0], d_out), dtype)
+    out: np.ndarray = np.empty((check_shape(x, d_in).shape[0], d_out), dtype)
     scratch = np.empty((min(x.shape[0], APPLY_BLOCK_ROWS), d_in), np.float64)
     for start in range(0, x.shape[0], APPLY_BLOCK_ROWS):
         rows = scratch[:min(APPLY_BLOCK_ROWS, x.shape[0] - start)]
@@ -495,11 +496,11 @@ def choose_directions(eigenvalues: np.ndarray, n: int, d: int, rule: str = "rule
         return sorted(int(row["index"]) for row in artefact_directions or []
                       if int(row["index"]) <= above and max_abs_corr(row)[1] >= artefact_corr), "artefact"
     capped = max_D is not None and above > max_D
-    count = min(max_D if capped else above, limit)
+    count = min(above if max_D is None else min(above, max_D), limit)
     return list(range(1, count + 1)), "marchenko_pastur_capped" if capped else "marchenko_pastur"
 
 
-def max_abs_corr(direction: dict) -> tuple[str | None, float]:
+def max_abs_corr(direction: Mapping[str, Any]) -> tuple[str | None, float]:
     """(column, |corr|) of the metadata column most correlated with one direction's projection, the larger of
     |Pearson| (``abs_corr``) and |Spearman| (``abs_spearman``, when present) per column; (None, 0.0) when no
     column has a defined correlation. ``direction``: ``{"abs_corr": {column: |corr| | None}, …}``."""
@@ -510,7 +511,7 @@ def max_abs_corr(direction: dict) -> tuple[str | None, float]:
                 known[column] = max(known.get(column, 0.0), float(value))
     if not known:
         return None, 0.0
-    name = max(known, key=known.get)
+    name = max(known, key=lambda column: known[column])
     return name, known[name]
 
 
@@ -607,8 +608,9 @@ def fit_abtt_pca_abtt(data: FitData, D: int | None = None, k: int | None = None,
                        reduced.eigenvalues, first.d_rule, rule)
 
 
-FITTERS = {Method.CENTER: fit_center, Method.ABTT: fit_abtt, Method.WHITENING: fit_whitening,
-           Method.ABTT_PCA_ABTT: fit_abtt_pca_abtt}
+FITTERS: dict[str, Callable[..., FittedTransform]] = {Method.CENTER: fit_center, Method.ABTT: fit_abtt,
+                                                     Method.WHITENING: fit_whitening,
+                                                     Method.ABTT_PCA_ABTT: fit_abtt_pca_abtt}
 
 
 def fit(method: str, data: FitData, **params) -> FittedTransform:

@@ -11,7 +11,7 @@ frequent), folded and merged the same way.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -37,8 +37,8 @@ def _decode_key(raw: bytes):
 
 
 def _fold_partitions(df: DataFrame, columns: list[str], vector_col: str, dimension: int,
-                     fold: Callable[[np.ndarray, dict[str, list]], dict[tuple[str, object], bytes]],
-                     merge: Callable[[bytes, bytes], bytes]) -> dict[tuple[str, object], bytes]:
+                     fold: Callable[[np.ndarray, dict[str, list]], dict[tuple[str, Any], bytes]],
+                     merge: Callable[[bytes, bytes], bytes]) -> dict[tuple[str, Any], bytes]:
     """Run ``fold`` (batch matrix (B, d), key columns as Python lists → {(kind, key): state bytes}) over every
     Arrow batch, merge states within a partition and then across partitions by key with ``merge``
     (:mod:`~anisotropy_spark.keyed`)."""
@@ -80,8 +80,8 @@ def contextual_dataframe(df: DataFrame, vector_col: str, dimension: int, layer_c
     require_columns(df.columns, columns + [vector_col], "contextual")
     kinds = {"layer": None, "word": word_col, "sentence": sentence_col}
 
-    def fold_sums(x: np.ndarray, cols: dict[str, list]) -> dict[tuple[str, object], bytes]:
-        out = {}
+    def fold_sums(x: np.ndarray, cols: dict[str, list]) -> dict[tuple[str, Any], bytes]:
+        out: dict[tuple[str, Any], bytes] = {}
         for kind, col in kinds.items():
             if kind != "layer" and not col:
                 continue
@@ -93,15 +93,15 @@ def contextual_dataframe(df: DataFrame, vector_col: str, dimension: int, layer_c
     sums = {kind: {key: GroupSums.from_array(np.frombuffer(p)) for (k, key), p in states.items() if k == kind}
             for kind in kinds}
 
-    word_moments = {}
+    word_moments: dict[Any, Moments] = {}     # (layer, word) → its occurrences' moments
     if word_col:
         eligible = sorted((key for key, s in sums["word"].items() if s.n >= max(2, mev_min_occurrences)),
                           key=lambda key: (-sums["word"][key].n, repr(key)))
         chosen = set(eligible if mev_max_words is None else eligible[:mev_max_words])
         if chosen:
-            def fold_moments(x: np.ndarray, cols: dict[str, list]) -> dict[tuple[str, object], bytes]:
+            def fold_moments(x: np.ndarray, cols: dict[str, list]) -> dict[tuple[str, Any], bytes]:
                 keys = list(zip(cols[layer_col], cols[word_col]))
-                out = {}
+                out: dict[tuple[str, Any], bytes] = {}
                 for key in set(keys) & chosen:
                     rows = np.fromiter((k == key for k in keys), dtype=bool, count=len(keys))
                     out[("mev", key)] = Moments.of_batch(x[rows]).to_bytes()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,6 +37,10 @@ class InvalidRowError(WorkerError, InvalidRowsError):
     ``column`` and the ``reason`` (as in :func:`check_batch`)."""
 
     fields = ("id_col", "row_id", "column", "reason")
+    id_col: str
+    row_id: Any
+    column: str
+    reason: str
 
     def message(self) -> str:
         return (f"invalid input row: {self.reason} in column {self.column!r}, {self.id_col} [{self.row_id}]; "
@@ -47,6 +52,8 @@ class ForeignDimensionError(WorkerError, ValueError):
     ``length``, the transform's ``dimension``."""
 
     fields = ("length", "dimension")
+    length: int
+    dimension: int
 
     def message(self) -> str:
         return f"input vectors have dimension {self.length}, not the transform's {self.dimension}"
@@ -61,6 +68,9 @@ class TransformRowError(WorkerError, ValueError):
     row's other values ``row`` (e.g. ``{"id": 7}``; None when the row is unknown) and the ``reason``."""
 
     fields = ("column", "row", "reason")
+    column: str
+    row: dict[str, Any] | None
+    reason: str
 
     def message(self) -> str:
         where = f"column {self.column!r}" + (f", row {self.row}" if self.row is not None else "")
@@ -92,10 +102,10 @@ class CheckedBatch:
     non-null vectors but not one of the expected dimension (rows of another embedding model), else None."""
 
     matrix: np.ndarray
+    lengths: np.ndarray
     valid: np.ndarray
     reasons: np.ndarray | None
     foreign_length: int | None = None
-    lengths: np.ndarray | None = None
 
 
 def vector_column(batch: pa.RecordBatch, vector_col: str) -> pa.Array:
@@ -149,7 +159,7 @@ def check_batch(batch: pa.RecordBatch, vector_col: str, id_col: str | None, dime
     valid = shaped.copy()
     valid[shaped] = kept
     if valid.all():
-        return CheckedBatch(matrix, valid, None, lengths=np.sqrt(squared))
+        return CheckedBatch(matrix, np.sqrt(squared), valid, None)
     foreign = None
     if not shaped.any() and not null_vector.all():
         foreign = int(lengths[np.argmin(null_vector)])
@@ -163,7 +173,7 @@ def check_batch(batch: pa.RecordBatch, vector_col: str, id_col: str | None, dime
         reasons[row] = f"wrong_dimension:{lengths[row]}"
     reasons[null_vector] = "null_vector"
     reasons[null_id] = "null_id"
-    return CheckedBatch(matrix[kept], valid, reasons, foreign, np.sqrt(squared[kept]))
+    return CheckedBatch(matrix[kept], np.sqrt(squared[kept]), valid, reasons, foreign)
 
 
 @dataclass
@@ -207,6 +217,8 @@ class Tally:
 
 def first_invalid_error(checked: CheckedBatch, batch: pa.RecordBatch, vector_col: str, id_col: str) -> InvalidRowError:
     """The error raised in a worker for the first invalid row of ``batch`` (``on_invalid: error``)."""
+    if checked.reasons is None:
+        raise ValueError("first_invalid_error of a batch whose rows are all valid")
     row = int(np.argmin(checked.valid))
     row_id = batch.column(batch.schema.get_field_index(id_col))[row].as_py()
     return InvalidRowError(id_col=id_col, row_id=row_id, column=vector_col, reason=checked.reasons[row])

@@ -2,7 +2,7 @@
 artefact test runs on: :func:`anisotropy_core.artefact_evidence.sample_artefact_test`), projections, the sample."""
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -14,6 +14,7 @@ from anisotropy_core.diagnostics import Diagnosis, diagnose
 from .arrow import batch_matrix
 from .moments import corpus_moments
 from .row_sample import as_sample, keep_at_most, sample_fraction
+from .rows import one_row
 
 PROJECTION_COL = "u1_projection"
 
@@ -33,7 +34,7 @@ def with_projections(df: DataFrame, vector_col: str, mean: np.ndarray, direction
     d = mean.shape[0]
     keep = [c for c in df.columns if c != vector_col]
 
-    def project(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def project(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             proj = (batch_matrix(batch, vector_col, d) - mean) @ directions          # (B, K)
             columns = [batch.column(batch.schema.get_field_index(c)) for c in keep]
@@ -98,8 +99,8 @@ def pair_alignment(valid: DataFrame, vector_col: str, id_col: str, pairs: DataFr
     norms = F.sqrt(total("transform(_a, x -> x * x)")) * F.sqrt(total("transform(_b, x -> x * x)"))
     squared = F.greatest(F.lit(0.0), 2.0 - 2.0 * dot / norms)            # ‖x̂ − ŷ‖² = 2 − 2cos
     matched = F.col("_a").isNotNull() & F.col("_b").isNotNull()
-    row = joined.agg(F.sum(F.when(matched, 1).otherwise(0)).alias("pairs"),
-                     F.sum(F.when(matched, 0).otherwise(1)).alias("unmatched"),
-                     F.avg(F.when(matched, F.pow(squared, alpha / 2.0))).alias("alignment")).first()
+    row = one_row(joined.agg(F.sum(F.when(matched, 1).otherwise(0)).alias("pairs"),
+                             F.sum(F.when(matched, 0).otherwise(1)).alias("unmatched"),
+                             F.avg(F.when(matched, F.pow(squared, alpha / 2.0))).alias("alignment")))
     return {"alignment": row["alignment"], "alpha": float(alpha), "pairs": int(row["pairs"] or 0),
             "unmatched_pairs": int(row["unmatched"] or 0)}

@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -117,12 +117,12 @@ def distributed_top_k(df: DataFrame, vector_col: str, id_col: str, dimension: in
         if excluded.any() and not excluded.all():
             raise ValueError(f"entry {name!r} mixes queries that are corpus rows with queries that are not")
         plan.append((slot[id(entry.transform)], per_transform[slot[id(entry.transform)]][entry.rows],
-                     qids[entry.rows] if excluded.any() else None))
+                     qids[entry.rows] if qids is not None and excluded.any() else None))
     wanted = np.unique(qids[own]) if qids is not None else np.zeros(0, dtype=np.int64)
     sizes = [p[1].shape[0] for p in plan]
     shared = df.sparkSession.sparkContext.broadcast((plan, wanted))
 
-    def fold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def fold(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         entries_, ids_wanted = shared.value
         best = [empty_top_k(q.shape[0], k) for _, q, _ in entries_]
         found = np.zeros(ids_wanted.shape[0], dtype=bool)

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterable, Iterator
 
 import faiss
 import numpy as np
 import pyarrow as pa
-from pyspark import TaskContext
 from pyspark.sql import DataFrame
 
 from anisotropy_core import index as core
@@ -36,6 +35,7 @@ from anisotropy_core.transforms import FittedTransform
 from .arrow import batch_matrix
 from .diagnostics import sample_rows
 from .evaluation import distributed_top_k, require_integral
+from .session import task_partition
 
 SHARDS_DIR = "_shards"
 
@@ -76,9 +76,9 @@ def add_in_tasks(df: DataFrame, vector_col: str, id_col: str, dimension: int, tr
     require_integral(df, id_col, "index id")
     shared = df.sparkSession.sparkContext.broadcast(core.to_bytes(trained))
 
-    def add(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def add(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         index = core.from_bytes(shared.value)
-        partition = TaskContext.get().partitionId()
+        partition = task_partition()
         for batch in batches:
             if not batch.num_rows:
                 continue
@@ -151,7 +151,7 @@ def space_quality(df: DataFrame, vector_col: str, id_col: str, dimension: int, f
     of ``df`` as stored and as ``transform`` maps them, with the same training ``sample`` and ``queries``."""
     spaces = {"raw": None, "corrected": transform}
     exact = exact_ids(df, vector_col, id_col, dimension, queries, k, spaces)
-    report = {}
+    report: dict[str, Any] = {}     # space → its index_quality, and the factory
     for name, mapping in spaces.items():
         index, _ = build_index(df, vector_col, id_col, dimension, factory, work_dir, sample, total, mapping)
         report[name] = core.index_quality(index, space_of(queries.vectors, mapping), exact[name], k, nprobe,

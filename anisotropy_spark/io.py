@@ -17,7 +17,7 @@ recomputes the moments without them, as it does for duplicated ids.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +35,7 @@ from .contract import REASON_COLUMN, InvalidRowsError, SchemaError, Tally, check
 from .moments import checked_pass, corpus_moments
 from .quarantine import Duplicates, find_duplicates, write_quarantine
 from .row_sample import RowSample
+from .rows import one_row
 from .table_files import TableFiles
 from .tree_reduce import tree_reduce
 
@@ -81,7 +82,7 @@ def read_table(spark: SparkSession, path: str, version: int | None = None) -> tu
 def latest_delta_version(spark: SparkSession, path: str) -> int:
     from delta.tables import DeltaTable
 
-    return int(DeltaTable.forPath(spark, path).history(1).select("version").first()[0])
+    return int(one_row(DeltaTable.forPath(spark, path).history(1).select("version"))[0])
 
 
 def as_vector_array(df: DataFrame, vector_col: str) -> DataFrame:
@@ -114,7 +115,7 @@ def count_invalid(df: DataFrame, vector_col: str, id_col: str, dimension: int, m
     """One Arrow pass over ``id_col`` and ``vector_col`` only → the merged :class:`Tally` of invalid rows (rows
     longer than ``max_norm`` too, when given)."""
 
-    def tally(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def tally(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         state = Tally()
         for batch in batches:
             state.add(check_batch(batch, vector_col, id_col, dimension, max_norm), batch.column(0))
@@ -130,7 +131,7 @@ def _filtered(df: DataFrame, vector_col: str, id_col: str, dimension: int, keep_
     longer than ``max_norm`` (when given) are invalid."""
     fields = list(df.schema.fields) + ([] if keep_valid else [StructField(REASON_COLUMN, StringType(), False)])
 
-    def split(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def split(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             checked = check_batch(batch, vector_col, id_col, dimension, max_norm)
             if checked.reasons is None:
@@ -248,7 +249,7 @@ def validate(df: DataFrame, vector_col: str, id_col: str, dimension: int | None 
                                         ("the norm outliers", limit is not None)) if count]
     if state is not None and set_aside:
         state, drawn = corpus_moments(valid, vector_col, d), None
-        reader += f"; the moments again through Spark, without {' and '.join(set_aside)}"
+        reader = f"{reader}; the moments again through Spark, without {' and '.join(set_aside)}"
     if valid.isEmpty() if state is None else state.n == 0:
         raise InvalidRowsError(f"no valid rows left in column {vector_col!r} after validation ({found.counts})")
     return ValidatedInput(valid=valid, dimension=d, invalid_count=found.total, invalid_by_reason=found.counts,

@@ -15,7 +15,7 @@ heap when the JVM pickles it for Python.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -57,8 +57,8 @@ def fold_by_key(df: DataFrame, fold: Callable[[Iterator[pa.RecordBatch]], Mappin
     """``{key: merged payload}``: ``fold(a partition's Arrow batches of df) -> {key: payload}`` on each partition
     of ``df`` coalesced to the task slots, the payloads of one key then combined with ``merge(a, b) -> bytes``."""
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from keyed_batches(fold(batches))
+    def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield from keyed_batches(fold(iter(batches)))
 
     return merge_by_key(coalesce_to_slots(df).mapInArrow(run, KEYED_SCHEMA), merge)
 

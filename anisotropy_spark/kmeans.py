@@ -5,7 +5,7 @@ Design (issue 9: within 2× faiss, never worse than pyspark.ml; issue 12: per-ta
 1. **Sample pass** — one read of the table on the JVM: every row gets a uniform key, a hash of its seed and
    place (:mod:`anisotropy_core.row_keys`), and only the rows under a bound that holds the ``sample_size``
    smallest keys (about ``sample_size`` + 8·√``sample_size``) reach the driver, where they become a
-   :class:`~anisotropy_core.clustering.RowSample`. No vector enters a Python worker in this pass.
+   :class:`~anisotropy_core.kmeans.KeyedSample`. No vector enters a Python worker in this pass.
 2. **Sample fit** — k-means|| and Lloyd on the sample in the driver process (numpy BLAS, float32 GEMM for
    float32 rows), as faiss trains on a sample by default. When the table has at most ``sample_size`` rows
    the sample *is* the table and this is the exact fit; nothing else runs.
@@ -26,12 +26,12 @@ Design (issue 9: within 2× faiss, never worse than pyspark.ml; issue 12: per-ta
      the input (Arrow batches → numpy, one state per task slot, states merged with ``treeReduce``); a task
      holds one Arrow batch plus its O(k·d) state whatever n is. Between two passes the driver runs
      ``DEFAULT_CORRECTED_ITER`` Lloyd updates on the sample corrected by the sample's bias measured at the
-     pass (:func:`~anisotropy_core.clustering.sample_corrected_step`): the full pass is what costs here, and
+     pass (:func:`~anisotropy_core.kmeans.sample_corrected_step`): the full pass is what costs here, and
      the corrected updates carry the table's Lloyd path further than its single update would.
 
 ``array<float>`` columns reach numpy as float32 without an ``array<double>`` copy on the JVM side. The driver
-loops are those of :mod:`anisotropy_core.clustering` (:func:`sampled_kmeans`, :func:`lloyd`), so
-:func:`fit_kmeans` computes what the numpy reference ``anisotropy_core.clustering.kmeans`` computes on the same
+loops are those of :mod:`anisotropy_core.kmeans` (:func:`sampled_kmeans`, :func:`lloyd`), so
+:func:`fit_kmeans` computes what the numpy reference ``anisotropy_core.kmeans.kmeans`` computes on the same
 partitions (the in-memory passes merge the same rows in another grouping: equal up to rounding), and a fit is
 deterministic given the seed and the input's partitioning (Spark sorts before a round-robin repartition so
 that the rows a partition gets are deterministic; the in-memory passes are bit-identical from run to run
@@ -43,22 +43,21 @@ import base64
 import functools
 import math
 import pickle
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
 from pyspark import RDD, BarrierTaskContext, SparkContext
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import IntegerType, StructField
+from pyspark.sql.types import ArrayType, FloatType, IntegerType, StructField
 
-from anisotropy_core.clustering import (DEFAULT_CORRECTED_ITER, DEFAULT_INIT_STEPS, DEFAULT_MAX_ITER,
-                                        DEFAULT_OVERSAMPLING, DEFAULT_REFINE_PASSES, DEFAULT_SAMPLE_SIZE, DEFAULT_TOL,
-                                        ClusterRecenter, ClusterState, KMeansResult, Refine, RowSample,
-                                        Step, assign,
-                                        blocks_state, check_metric, cluster_diagnostics, cluster_moments,
-                                        kmeans_info, lloyd, merge_cluster_moments, prepare,
-                                        row_norms_squared, sample_threshold, sampled_kmeans)
+from anisotropy_core.cluster_diagnostics import cluster_diagnostics, cluster_moments, merge_cluster_moments
+from anisotropy_core.cluster_recenter import ClusterRecenter, kmeans_info
+from anisotropy_core.kmeans import (DEFAULT_CORRECTED_ITER, DEFAULT_INIT_STEPS, DEFAULT_MAX_ITER, DEFAULT_OVERSAMPLING,
+                                    DEFAULT_REFINE_PASSES, DEFAULT_SAMPLE_SIZE, DEFAULT_TOL, ClusterState, KeyedSample,
+                                    KMeansResult, Refine, Step, assign, blocks_state, check_metric, lloyd, prepare,
+                                    row_norms_squared, sample_threshold, sampled_kmeans)
 from anisotropy_core.moments import Moments
 from anisotropy_core.row_keys import KEY_BITS, split_row_ids
 
@@ -87,7 +86,7 @@ def partition_states(vectors: DataFrame, vector_col: str, dimension: int, fold: 
     a task's memory is still one batch plus its state, and the states to merge are as many as the slots, not
     as the input's partitions."""
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         state = fold(batch_matrix(b, vector_col, dimension, dtype=None) for b in batches if b.num_rows)
         yield pa.RecordBatch.from_pydict({"state": [pickle.dumps(state)]}, schema=STATE_SCHEMA)
 
@@ -103,8 +102,8 @@ def sample_key(seed: int, row_id: Column) -> Column:
 
 
 def sample_pass(vectors: DataFrame, vector_col: str, dimension: int, seed: int, size: int,
-                n: int | None = None) -> RowSample:
-    """Uniform :class:`RowSample` of at most ``size`` rows of the table (the ``size`` smallest keys).
+                n: int | None = None) -> KeyedSample:
+    """Uniform :class:`KeyedSample` of at most ``size`` rows of the table (the ``size`` smallest keys).
 
     ``n``: the row count (default: ``vectors.count()``, a JVM-side pass). The keys are computed on the JVM
     (:func:`sample_key` of each row's ``monotonically_increasing_id``) and only the rows with keys under
@@ -120,7 +119,7 @@ def sample_pass(vectors: DataFrame, vector_col: str, dimension: int, seed: int, 
     below = sample_threshold(n, size)
     while True:
         table = keyed.where(F.col(KEY_COL) < below).toArrow()
-        sample = RowSample.of_candidates(table.column(KEY_COL).to_numpy(),
+        sample = KeyedSample.of_candidates(table.column(KEY_COL).to_numpy(),
                                          batch_matrix(table, VECTOR_COL, dimension, dtype=None),
                                          split_row_ids(table.column(ROW_ID_COL).to_numpy()), n, size)
         if sample.complete or below >= 1.0:
@@ -145,7 +144,7 @@ def assignment_pass(vectors: DataFrame, vector_col: str, dimension: int, centroi
 
 
 def streaming_refine(vectors: DataFrame, vector_col: str, dimension: int, metric: str) -> Refine:
-    """:data:`~anisotropy_core.clustering.Refine` whose every Lloyd pass re-reads the table
+    """:data:`~anisotropy_core.kmeans.Refine` whose every Lloyd pass re-reads the table
     (:func:`assignment_pass`)."""
 
     def refine(start: np.ndarray, passes: int, tol: float, step: Step | None) -> KMeansResult:
@@ -158,19 +157,19 @@ def streaming_refine(vectors: DataFrame, vector_col: str, dimension: int, metric
 
 
 def in_memory_refine(vectors: DataFrame, vector_col: str, dimension: int, metric: str, slots: int) -> Refine:
-    """:data:`~anisotropy_core.clustering.Refine` run in one barrier stage over ``slots`` partitions (one per
+    """:data:`~anisotropy_core.kmeans.Refine` run in one barrier stage over ``slots`` partitions (one per
     task slot, round-robin ``repartition``): each task reads its rows once into prepared numpy blocks and runs
-    :func:`~anisotropy_core.clustering.lloyd`, every pass merging all tasks' states in partition order
+    :func:`~anisotropy_core.kmeans.lloyd`, every pass merging all tasks' states in partition order
     (``allGather``), so every task takes the same steps; task 0 returns the result.
 
     Memory per task: its rows (about n / slots × d × itemsize bytes, see :func:`fits_in_memory`, which also
     counts the sample rows a step carries) plus one block's temporaries. A ``step`` between passes
-    (:func:`~anisotropy_core.clustering.sample_corrected_step`) travels with the task, sample rows included
+    (:func:`~anisotropy_core.kmeans.sample_corrected_step`) travels with the task, sample rows included
     (PySpark broadcasts a large closure), and every task runs it on the same state. If a task fails, Spark
     reruns the whole barrier stage."""
 
     def refine(start: np.ndarray, passes: int, tol: float, step: Step | None) -> KMeansResult:
-        def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             context = BarrierTaskContext.get()
             blocks = [prepare(batch_matrix(b, vector_col, dimension, dtype=None), metric) for b in batches
                       if b.num_rows]
@@ -237,7 +236,8 @@ def fit_kmeans(df: DataFrame, vector_col: str, k: int, metric: str = "euclidean"
     d = dimension if dimension is not None else infer_dimension(vectors, vector_col)
     n = vectors.count()
     slots = task_slots(vectors.sparkSession.sparkContext)
-    itemsize = 4 if vectors.schema[vector_col].dataType.elementType.simpleString() == "float" else 8
+    data_type = vectors.schema[vector_col].dataType       # array<float> or array<double> (as_vector_array)
+    itemsize = 4 if isinstance(data_type, ArrayType) and isinstance(data_type.elementType, FloatType) else 8
     held_sample = min(sample_size, n) if corrected_iter else 0     # in memory the default is 0: no sample held
     if fits_in_memory(n, d, itemsize, k, slots, task_memory, held_sample):
         refine = in_memory_refine(vectors, vector_col, d, metric, slots)
@@ -280,25 +280,28 @@ def _cluster_key(cluster: int) -> bytes:
     return cluster.to_bytes(4, "little")
 
 
-def fit_cluster_recenter(vectors: DataFrame, vector_col: str, dimension: int, k: int, D: int, metric: str,
-                         seed: int = 0, max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL,
-                         init_steps: int = DEFAULT_INIT_STEPS,
-                         task_memory: int = 0) -> tuple[ClusterRecenter, list[Moments]]:
-    """k-means of the valid ``vector_col`` (:func:`fit_kmeans`, ``task_memory`` as there), then one pass for the k
-    per-cluster :class:`Moments`; returns the fitted :class:`ClusterRecenter` (``D`` within-cluster directions
-    removed per cluster) and those states (what :func:`~anisotropy_core.clustering.cluster_diagnostics` reads)."""
+def spark_fit_cluster_recenter(vectors: DataFrame, vector_col: str, dimension: int, k: int, n_directions: int = 0,
+                               metric: str = "euclidean", seed: int = 0, max_iter: int = DEFAULT_MAX_ITER,
+                               tol: float = DEFAULT_TOL, init_steps: int = DEFAULT_INIT_STEPS,
+                               task_memory: int = 0) -> tuple[ClusterRecenter, list[Moments]]:
+    """The Spark counterpart of :func:`anisotropy_core.cluster_recenter.fit_cluster_recenter` (same parameter
+    names): k-means of the valid ``vector_col`` (:func:`fit_kmeans`, ``task_memory`` as there), then one pass for
+    the k per-cluster :class:`Moments`; returns the fitted :class:`ClusterRecenter` (``n_directions`` — the
+    estimator's ``D`` — within-cluster directions removed per cluster) and those states (what
+    :func:`~anisotropy_core.cluster_diagnostics.cluster_diagnostics` reads)."""
     metric = check_metric(metric)
     result = fit_kmeans(vectors, vector_col, k, metric, seed, max_iter, tol, init_steps, dimension=dimension,
                         task_memory=task_memory)
     states = cluster_moments_pass(as_vector_array(vectors.select(vector_col), vector_col), vector_col, dimension,
                                   result.centroids, metric)
-    return ClusterRecenter.from_moments(result.centroids, states, D, metric, kmeans_info(result)), states
+    return (ClusterRecenter.from_moments(result.centroids, states, n_directions, metric, kmeans_info(result)),
+            states)
 
 
 def spark_cluster_diagnostics(df: DataFrame, vector_col: str, centroids: np.ndarray, metric: str = "euclidean",
                               dimension: int | None = None) -> dict:
     """Per-cluster diagnosis table of ``df`` for the clusters of ``centroids`` (k, d): one pass, then
-    :func:`anisotropy_core.clustering.cluster_diagnostics` (see there for the returned dict)."""
+    :func:`anisotropy_core.cluster_diagnostics.cluster_diagnostics` (see there for the returned dict)."""
     vectors = as_vector_array(df.select(vector_col), vector_col)
     d = dimension if dimension is not None else infer_dimension(vectors, vector_col)
     return cluster_diagnostics(cluster_moments_pass(vectors, vector_col, d, centroids, metric))
@@ -332,6 +335,8 @@ class ClusterRecenterModel(CorrectionModel, _ClusterRecenterParams):
         return [StructField(self.getPredictionCol(), IntegerType(), True)]
 
     def batch_outputs(self) -> BatchOutputs:
+        if not isinstance(self.transform_, ClusterRecenter):
+            raise TypeError(f"a ClusterRecenterModel holds a ClusterRecenter, got {type(self.transform_).__name__}")
         return cluster_outputs(self.transform_)
 
 
@@ -368,9 +373,11 @@ class ClusterRecenterEstimator(CorrectionEstimator, _ClusterRecenterParams):
 
     model_class = ClusterRecenterModel
     moment_based = False
+    _input_kwargs: dict[str, Any]       # set by pyspark's @keyword_only
 
     def _fit_transform(self, vectors: DataFrame, col: str, d: int) -> tuple[ClusterRecenter, int]:
-        transform, _ = fit_cluster_recenter(vectors, col, d, self.getK(), self.getD(), self.getDistanceMeasure(),
-                                            self.getSeed(), self.getMaxIter(), self.getTol(), self.getInitSteps(),
-                                            self.getTaskMemory())
+        transform, _ = spark_fit_cluster_recenter(vectors, col, d, self.getK(), n_directions=self.getD(),
+                                                  metric=self.getDistanceMeasure(), seed=self.getSeed(),
+                                                  max_iter=self.getMaxIter(), tol=self.getTol(),
+                                                  init_steps=self.getInitSteps(), task_memory=self.getTaskMemory())
         return transform, int(transform.sizes.sum())

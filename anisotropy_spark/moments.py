@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import pyarrow as pa
-from pyspark import RDD, TaskContext
+from pyspark import RDD
 from pyspark.sql import DataFrame, SparkSession
 
 from anisotropy_core.moments import Moments
@@ -26,6 +26,7 @@ from anisotropy_core.norms import LengthSketch
 
 from .contract import InvalidRowsError, Tally, check_batch
 from .row_sample import PartitionSampler, RowSample, rows_of_payloads
+from .session import conf_int, task_partition
 from .table_files import TableFiles, pyarrow_or_spark
 from .tree_reduce import tree_reduce
 
@@ -39,7 +40,7 @@ def fold_partition(batches: Iterator[pa.RecordBatch], vector_col: str, id_col: s
     """One partition's Arrow batches → one state row (:data:`STATE_SCHEMA`): its valid rows' Moments, the Tally of
     its invalid rows (``id_col`` None: no ``null_id`` check and no sample ids), the LengthSketch of its valid rows
     and, with ``sample``, the valid rows it drew (:class:`~.row_sample.PartitionSampler`), with its partition index."""
-    state, tally, partition = Moments.empty(dimension), Tally(), TaskContext.get().partitionId()
+    state, tally, partition = Moments.empty(dimension), Tally(), task_partition()
     lengths = LengthSketch.empty()
     sampler = PartitionSampler(sample, vector_col, partition) if sample else None
     for batch in batches:
@@ -119,8 +120,8 @@ def checked_moments(df: DataFrame, vector_col: str, id_col: str | None, dimensio
 def arrow_batch_rows(spark: SparkSession, dimension: int, item_bytes: int) -> int:
     """The rows per Arrow batch Spark's own scan would send: ``maxRecordsPerBatch`` (≤ 0: no limit), at most
     ``maxBytesPerBatch`` of vector data (``dimension`` elements of ``item_bytes`` each)."""
-    records = int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000"))
-    budget = int(spark.conf.get("spark.sql.execution.arrow.maxBytesPerBatch", str(2**31 - 1)))
+    records = conf_int(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", 10000)
+    budget = conf_int(spark, "spark.sql.execution.arrow.maxBytesPerBatch", 2**31 - 1)
     by_bytes = max(1, budget // max(1, dimension * item_bytes))
     return min(records, by_bytes) if records > 0 else by_bytes
 

@@ -22,7 +22,7 @@ from py4j.java_gateway import is_instance_of
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from .io import is_delta_table
+from .io import is_delta_table, latest_delta_version
 from .session import session_conf
 
 DELTA_CONFLICT_CLASS = "io.delta.exceptions.DeltaConcurrentModificationException"
@@ -175,7 +175,7 @@ def publish(spark: SparkSession, target: PublishTarget, candidate: DataFrame, ne
                                          "this run published nothing") from exc
         raise
     after = output_state(spark, target.path)
-    if not after.meta or after.meta.get("run_id") != meta["run_id"]:
+    if after.version is None or not after.meta or after.meta.get("run_id") != meta["run_id"]:
         raise ConcurrentPublishError(f"publish sequence {meta['seq']} was already committed to {target.path} by "
                                      f"run {after.meta and after.meta.get('run_id')} (version {after.version}); "
                                      "Delta skipped this write")
@@ -186,4 +186,4 @@ def restore(spark: SparkSession, path: str, version: int, meta: dict) -> int:
     """RESTORE ``path`` to ``version`` as one commit whose userMetadata is ``meta``; returns the new version."""
     with session_conf(spark, {"spark.databricks.delta.commitInfo.userMetadata": json.dumps(meta, default=str)}):
         DeltaTable.forPath(spark, path).restoreToVersion(version)
-    return int(output_state(spark, path).version)
+    return latest_delta_version(spark, path)

@@ -51,8 +51,9 @@ def reread_zip_archives_only_when_changed() -> None:
             reread(importer)
             setattr(importer, _STAMP, stamp)
 
-    invalidate_caches.only_when_changed = True
-    zipimport.zipimporter.invalidate_caches = invalidate_caches
+    # a patch of a stdlib method, marked so that it is applied once: set as plain attributes
+    setattr(invalidate_caches, "only_when_changed", True)
+    setattr(zipimport.zipimporter, "invalidate_caches", invalidate_caches)
 
 
 def install_in_python_worker() -> bool:

@@ -17,6 +17,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from .contract import REASON_COLUMN, SAMPLE_IDS, InvalidRowsError, Tally
+from .rows import one_row
 from .session import local_cores, session_conf
 
 DUPLICATE_ID = "duplicate_id"
@@ -25,7 +26,6 @@ ROW_HASH = "row_hash"
 # the id scan reads only the id column, so its splits may span 16x Spark's default 128 MiB of file bytes
 # (Spark still cuts a small table into about one split per core: its bytes-per-core bound)
 ID_SCAN_CONF = {"spark.sql.files.maxPartitionBytes": str(2 << 30)}
-PROVENANCE = ("quarantined_at", "run_id", "input_version", ROW_HASH)
 
 
 @dataclass
@@ -49,7 +49,7 @@ class Duplicates:
         return df.join(F.broadcast(self.ids), self.id_col, "left_anti").select(*df.columns)
 
 
-def id_scan_conf(master: str) -> dict[str, str]:
+def id_scan_conf(master: str | None) -> dict[str, str]:
     """Session confs of the duplicate-id aggregate in a session on ``master``: :data:`ID_SCAN_CONF`, and in a
     ``local`` session one shuffle partition per local core. Only the ids are shuffled (8 MB for 1,000,000 long
     ids), and on one machine Spark's default 200 shuffle partitions only add tiny tasks and blocks. Off ``local``
@@ -71,7 +71,7 @@ def find_duplicates(df: DataFrame, id_col: str) -> Duplicates:
     with session_conf(spark, id_scan_conf(spark.sparkContext.master)):
         found = repeated.limit(MAX_DUPLICATE_IDS + 1).collect()
         if len(found) > MAX_DUPLICATE_IDS:
-            summary = repeated.agg(F.count("*").alias("ids"), F.sum("count").alias("rows")).first()
+            summary = one_row(repeated.agg(F.count("*").alias("ids"), F.sum("count").alias("rows")))
             raise InvalidRowsError(f"{summary['ids']} ids of column {id_col!r} occur more than once "
                                    f"({summary['rows']} rows): the table is not keyed by {id_col!r}")
     if not found:

@@ -55,6 +55,7 @@ import re
 import sys
 from typing import Iterator
 
+from pyspark import TaskContext
 from pyspark.sql import SparkSession
 
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
@@ -136,9 +137,25 @@ def embedded_java_options(extra_conf: dict[str, str] | None) -> dict[str, str]:
     return {key: " ".join(filter(None, [EMBEDDED_JAVA_OPTIONS, given.get(key)])) for key in JAVA_OPTIONS_KEYS}
 
 
-def local_cores(master: str) -> int | None:
+def conf_int(spark: SparkSession, key: str, default: int) -> int:
+    """The session conf ``key`` as an int, ``default`` when it is unset."""
+    value = spark.conf.get(key, None)
+    return default if value is None else int(value)
+
+
+def task_partition() -> int:
+    """The partition index of the Spark task running this code (in a task's Python worker only)."""
+    context = TaskContext.get()
+    if context is None:
+        raise RuntimeError("task_partition() outside a Spark task")
+    return context.partitionId()
+
+
+def local_cores(master: str | None) -> int | None:
     """Worker threads of a ``local``, ``local[N]``, ``local[*]`` or ``local[N, F]`` master URL (``*``: this
-    machine's CPUs); None for any other master."""
+    machine's CPUs); None for any other master, or none."""
+    if master is None:
+        return None
     if master == "local":
         return 1
     match = re.fullmatch(r"local\[(\d+|\*)(?:,\s*\d+)?\]", master)
@@ -185,8 +202,8 @@ def session_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[None
     try:
         yield
     finally:
-        for key, value in previous.items():
-            if value is None:
+        for key, old in previous.items():
+            if old is None:
                 spark.conf.unset(key)
             else:
-                spark.conf.set(key, value)
+                spark.conf.set(key, old)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterable, Iterator, TypeVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -45,6 +45,7 @@ from pyspark.sql.types import ArrayType, FloatType, StructType
 
 from anisotropy_core import storage
 
+from .rows import one_row
 from .worker_errors import WorkerError, raised_in_workers, worker_error
 
 log = logging.getLogger("anisotropy.table_files")
@@ -61,6 +62,7 @@ class FileLayoutError(WorkerError, RuntimeError):
     Spark's scan."""
 
     fields = ("reason",)
+    reason: str
 
     def __init__(self, reason: str):
         super().__init__(reason=reason)
@@ -87,7 +89,8 @@ class TableFiles:
 
     def item_bytes(self, vector_col: str) -> int:
         """Bytes per element of the array column ``vector_col``: 4 for ``array<float>``, else 8."""
-        return 4 if isinstance(self.schema[vector_col].dataType.elementType, FloatType) else 8
+        data_type = self.schema[vector_col].dataType
+        return 4 if isinstance(data_type, ArrayType) and isinstance(data_type.elementType, FloatType) else 8
 
     def unreadable(self, columns: list[str]) -> str | None:
         """Why pyarrow cannot read ``columns`` from these files (some is not in the first file, or has a type
@@ -107,7 +110,7 @@ class TableFiles:
         driver when the footers' row counts do not add up to the version's ``rows``."""
 
         @raised_in_workers
-        def groups_of(uris: Iterator[str]) -> Iterator[tuple[str, int, int]]:
+        def groups_of(uris: Iterable[str]) -> Iterator[tuple[str, int, int]]:
             for uri in uris:
                 try:
                     filesystem, path = filesystem_of(uri)
@@ -133,7 +136,7 @@ class TableFiles:
         units = self.row_groups(spark)
 
         @raised_in_workers
-        def task(entries: Iterator[tuple[str, int]]) -> Iterator[T]:
+        def task(entries: Iterable[tuple[str, int]]) -> Iterator[T]:
             yield fold_batches(batch for uri, group in entries
                                for batch in file_batches(uri, group, schema, batch_rows))
 
@@ -150,7 +153,7 @@ class TableFiles:
         units = self.row_groups(spark)
 
         @raised_in_workers
-        def task(indices: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        def task(indices: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             for index in (i for batch in indices for i in batch.column(0).to_pylist()):
                 uri, group = units[index]
                 yield from transform_batches(file_batches(uri, group, arrow, batch_rows))
@@ -193,7 +196,7 @@ def _why_not_pyarrow(spark: SparkSession, df: DataFrame, path: str, table_format
     if table_format == "delta":
         from delta.tables import DeltaTable
 
-        detail = DeltaTable.forPath(spark, path).detail().select("tableFeatures", "properties").first()
+        detail = one_row(DeltaTable.forPath(spark, path).detail().select("tableFeatures", "properties"))
         found = [f for f in UNREADABLE_FEATURES if f in (detail["tableFeatures"] or [])]
         mode = (detail["properties"] or {}).get("delta.columnMapping.mode", "none")
         if found or mode != "none":

@@ -24,13 +24,14 @@ from __future__ import annotations
 import base64
 import functools
 import json
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, ParamSpec, TypeVar
 
 FRAME_START = "anisotropy-worker-error<"
 FRAME_END = ">"
 
 _REGISTRY: dict[str, type["WorkerError"]] = {}
-F = TypeVar("F", bound=Callable[..., Iterator[Any]])
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class WorkerError(Exception):
@@ -75,12 +76,12 @@ def frame(error: WorkerError) -> str:
     return FRAME_START + base64.b64encode(payload.encode()).decode("ascii") + FRAME_END
 
 
-def raised_in_workers(function: F) -> F:
+def raised_in_workers(function: Callable[P, Iterator[T]]) -> Callable[P, Iterator[T]]:
     """``function`` (a generator function run in a task) with its :class:`WorkerError` re-raised as a
     :class:`WorkerFailure` carrying the frame; other exceptions unchanged."""
 
     @functools.wraps(function)
-    def framed(*args, **kwargs):
+    def framed(*args: P.args, **kwargs: P.kwargs) -> Iterator[T]:
         try:
             yield from function(*args, **kwargs)
         except WorkerError as exc:

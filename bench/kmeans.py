@@ -37,7 +37,7 @@ import time
 import numpy as np
 import pyarrow.parquet as pq
 
-from anisotropy_core.clustering import distances
+from anisotropy_core.kmeans import distances
 
 from .common import write_parquet_corpus
 

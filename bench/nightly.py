@@ -36,6 +36,7 @@ import yaml
 from delta.tables import DeltaTable
 
 from anisotropy_core.artifact import save_artifact
+from anisotropy_core.methods import Method
 from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import fit
 from anisotropy_spark.session import get_spark
@@ -51,7 +52,7 @@ D = 4
 def nightly_conf(work: pathlib.Path, source: str, output: str) -> pathlib.Path:
     """conf/nightly.yaml pointed at ``source``/``output`` and a scratch directory; method abtt, D = 4."""
     conf = yaml.safe_load((ROOT / "conf" / "nightly.yaml").read_text())
-    conf.update(input=source, output=output, metadata_cols=[], method="abtt", abtt_D=D, min_neighbour_overlap=0.0,
+    conf.update(input=source, output=output, metadata_cols=[], method=Method.ABTT.value, abtt_D=D, min_neighbour_overlap=0.0,
                 quarantine_path=str(work / "quarantine"), artifacts_dir=str(work / "transforms"),
                 runs_dir=str(work / "runs"), runs_table=str(work / "runs_table"), index=None)
     path = work / "nightly.yaml"
@@ -84,7 +85,7 @@ def main() -> None:
         found.read(spark).write.format("delta").save(source)                   # the nightly appends to its input
         state = Moments.of_batch(X) if X is not None else parquet_moments(found.files, args.dim)
         artifact = str(work / "artifact")
-        save_artifact(artifact, fit("abtt", state, D=D), n=args.rows)
+        save_artifact(artifact, fit(Method.ABTT, state, D=D), n=args.rows)
         extra = spark.read.format("delta").load(source).limit(max(1, int(args.rows * args.append_fraction)))
         extra = extra.selectExpr(f"id + {10 * args.rows} AS id", "vector").toArrow()    # new ids, untimed
         outputs = {name: str(work / name) for name in ("floor", "applied", "nightly_out")}

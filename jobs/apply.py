@@ -62,17 +62,18 @@ from anisotropy_core.artifact import Artifact, load_artifact
 from anisotropy_core.methods import OutputDtype
 from anisotropy_spark.contract import REASON_COLUMN, ForeignDimensionError, Tally, require_schema
 from anisotropy_spark.estimators import CorrectionModel
-from anisotropy_spark.io import (as_vector_array, count_invalid, is_delta_table, read_table,
+from anisotropy_spark.io import (as_vector_array, count_invalid, is_delta_table, latest_delta_version, read_table,
                                  settle_invalid, valid_rows)
 from anisotropy_spark.output_files import file_count, scan_bytes
 from anisotropy_spark.quarantine import Duplicates, find_duplicates
+from anisotropy_spark.rows import one_row
 from anisotropy_spark.session import get_spark
 from anisotropy_spark.table_files import pyarrow_or_spark, table_files
 from anisotropy_spark.worker_errors import worker_error
 from jobs.cli import run
+from jobs.columns import VERSION_COLUMN
 from jobs.config import InputSettings, OutputFiles, VectorReader, parse_args
 
-VERSION_COLUMN = "transform_version"
 JOB_NAME = "anisotropy.apply"
 NORM_OUTLIER_NOTE = ("not applied: the artifact records no median length of its fitted input "
                      "(the nightly job applies the rule; docs/errors.md)")
@@ -104,7 +105,7 @@ def latest_commit(spark: SparkSession, path: str) -> tuple[int, dict] | None:
         return None
     from delta.tables import DeltaTable
 
-    row = DeltaTable.forPath(spark, path).history(1).select("version", "userMetadata").first()
+    row = one_row(DeltaTable.forPath(spark, path).history(1).select("version", "userMetadata"))
     try:
         metadata = json.loads(row["userMetadata"]) if row["userMetadata"] else {}
     except json.JSONDecodeError:
@@ -196,7 +197,7 @@ def run_apply(spark: SparkSession, config: ApplyConfig, artifact: Artifact | Non
                                           lambda counted: counted["rows"])
     else:
         counts, reader = write(model.transform(df)), planned
-    version, _ = latest_commit(spark, config.output)
+    version = latest_delta_version(spark, config.output)      # the commit just written
     by_reason = {}
     if quarantine and (counts["invalid"] or duplicates.tally.total):
         tally = count_invalid(df, vector_col, id_col, artifact.transform.d_in)

@@ -246,7 +246,7 @@ def defined(value):
 
 def per_cluster_table(valid: DataFrame, config: DiagnoseConfig, dimension: int, n: int) -> dict:
     """k-means (fitted on at most ``cluster_fit_rows`` sampled rows, the seed's recipe) → per-cluster
-    diagnosis of all valid rows; see :func:`anisotropy_core.clustering.cluster_diagnostics`."""
+    diagnosis of all valid rows; see :func:`anisotropy_core.cluster_diagnostics.cluster_diagnostics`."""
     if config.cluster_k > n:
         raise ValueError(f"cluster_k = {config.cluster_k} exceeds the {n} valid vectors")
     fit_on = valid if n <= config.cluster_fit_rows else valid.sample(

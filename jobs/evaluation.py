@@ -31,7 +31,7 @@ The record (JSON-ready; the run record's / diagnosis report's ``evaluation`` blo
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 from pyspark.sql import DataFrame, SparkSession
@@ -111,11 +111,11 @@ def run_evaluation(spark: SparkSession, valid: DataFrame, vector_col: str, id_co
     lists = scored_lists(valid, vector_col, id_col, dimension, queries, fold_of, fits, {**full, **extra}, overlap,
                          config.exclude_self, config.k)
     per_query = None
-    if queries is not None:
+    if queries is not None and fold_of is not None:        # fold_of: one fold per query, given queries
         per_query = {name: per_query_metrics(assemble(lists, name, fold_of, config.k), queries.relevant)
                      for name in names}
     cosines = None
-    if pairs is not None:
+    if pairs is not None and pair_state is not None:       # pair_state: the corpus less the pair rows
         on_pairs = {**fit_grid(pair_state, grid, cluster_recenter), **extra}
         cosines = {name: pair_cosines(pairs, on_pairs[name]) for name in names}
     try:
@@ -129,13 +129,13 @@ def run_evaluation(spark: SparkSession, valid: DataFrame, vector_col: str, id_co
     below = {name: f"neighbour overlap {value:.3f} < {min_overlap:g}" for name, value in (overlap_of or {}).items()
              if value < min_overlap and name != RAW}
     action, chosen, reason = decide(evidence, metric, config.min_gain, published, below)
-    record = {
+    record: dict[str, Any] = {
         "evidence": "labelled", "metric": metric,
         "queries": None if queries is None else int(queries.ids.shape[0]),
         "pairs": None if pairs is None else int(pairs.gold.shape[0]),
         "held_out": {"folds": len(fold_states) if queries is not None else None,
                      "query_rows_removed": bool(queries is not None and config.exclude_self),
-                     "pair_rows_removed": None if pairs is None else int(state.n - pair_state.n)},
+                     "pair_rows_removed": None if pair_state is None else int(state.n - pair_state.n)},
         "split": evidence.sizes,
         "bootstrap": {"resamples": config.resamples, "confidence": config.confidence, "seed": config.seed},
         "candidates": evidence.report, "selection": evidence.selection, "intervals": evidence.intervals,
@@ -203,7 +203,8 @@ def scored_lists(valid: DataFrame, vector_col: str, id_col: str, dimension: int,
     lists = distributed_top_k(df, vector_col, key, dimension, candidates, np.concatenate(blocks), depth,
                               np.concatenate(ids), rows, np.concatenate(own))
     # a top-depth list cut to its first k' entries is the top-k' list (best first, ties by id)
-    return {name: (scores[:, :overlap.k], found[:, :overlap.k]) if name.startswith(OVERLAP) else
+    overlap_k = overlap.k if overlap is not None else k       # the overlap lists exist only with ``overlap``
+    return {name: (scores[:, :overlap_k], found[:, :overlap_k]) if name.startswith(OVERLAP) else
             (scores[:, :k], found[:, :k]) for name, (scores, found) in lists.items()}
 
 
@@ -246,7 +247,7 @@ def score_applied(spark: SparkSession, valid: DataFrame, vector_col: str, id_col
     fold_of = None if queries is None else np.zeros(queries.ids.shape[0], dtype=np.int64)
     lists = scored_lists(valid, vector_col, id_col, dimension, queries, fold_of, {0: fitted}, fitted, overlap,
                          config.exclude_self, config.k)
-    per_query = None if queries is None else {
+    per_query = None if queries is None or fold_of is None else {
         name: per_query_metrics(assemble(lists, name, fold_of, config.k), queries.relevant) for name in fitted}
     cosines = None if pairs is None else {name: pair_cosines(pairs, t) for name, t in fitted.items()}
     try:

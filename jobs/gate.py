@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-if TYPE_CHECKING:   # annotations only: jobs.cli imports GateError, and nightly_config imports the jobs
+from anisotropy_spark.rows import one_row
+
+if TYPE_CHECKING:   # annotations only: every job imports jobs.cli, which imports GateError; the settings stay out
     from jobs.nightly_config import NightlyConfig
 
 
@@ -41,11 +43,11 @@ def gate(candidate: DataFrame, valid: DataFrame, config: NightlyConfig, d_out: i
                                         _count_where(bad).alias("non_finite"))
     valid_ids = valid.groupBy(idc).agg(F.count(F.lit(1)).alias("valid_copies"))
     in_output, in_valid = F.col("copies").isNotNull(), F.col("valid_copies").isNotNull()
-    row = output.join(valid_ids, idc, "full_outer").agg(
+    row = one_row(output.join(valid_ids, idc, "full_outer").agg(
         F.sum("copies").alias("rows"), _count_where(in_output).alias("ids"),
         F.sum("valid_copies").alias("valid_rows"), F.sum("wrong_dim").alias("wrong_dim"),
         F.sum("non_finite").alias("non_finite"), _count_where(in_valid & ~in_output).alias("missing"),
-        F.sum(F.when(~in_valid, F.col("copies")).otherwise(0)).alias("extra")).first()
+        F.sum(F.when(~in_valid, F.col("copies")).otherwise(0)).alias("extra")))
     counts = {"output_rows": int(row["rows"] or 0), "valid_rows": int(row["valid_rows"] or 0),
               "missing_ids": int(row["missing"] or 0), "unexpected_ids": int(row["extra"] or 0),
               "wrong_dimension": int(row["wrong_dim"] or 0), "non_finite": int(row["non_finite"] or 0)}

@@ -41,36 +41,9 @@ from anisotropy_spark.io import as_vector_array, read_table, validate
 from anisotropy_spark.session import get_spark
 from jobs.cli import EXIT, run
 from jobs.config import ConfigError, parse_args
+from jobs.index_settings import IndexSettings
 
 log = logging.getLogger("anisotropy.index")
-
-
-@dataclasses.dataclass(kw_only=True)
-class IndexSettings:
-    """How to build the index (the ``index:`` block of a nightly, or the index job without its input keys)."""
-
-    index_dir: str
-    factory: str = core.DEFAULT_FACTORY
-    nprobe: int | None = None
-    min_index_recall: float = 0.9
-    k: int = 10
-    train_size: int = 100_000
-    query_size: int = 1_000
-    seed: int = 0
-    vector_col: str = "vector"
-    id_col: str = "id"
-    dimension: int | None = None
-
-    def check(self) -> list[str]:
-        problems = [f"{key} must be >= 1, got {getattr(self, key)}" for key in ("k", "train_size", "query_size")
-                    if getattr(self, key) < 1]
-        if self.nprobe is not None and self.nprobe < 1:
-            problems.append(f"nprobe must be >= 1 or null, got {self.nprobe}")
-        if not 0 <= self.min_index_recall <= 1:
-            problems.append(f"min_index_recall must be in [0, 1], got {self.min_index_recall}")
-        if self.dimension is not None and self.dimension < 1:
-            problems.append(f"dimension must be >= 1, got {self.dimension}")
-        return problems
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -145,9 +118,10 @@ def index_stage(spark: SparkSession, settings: IndexSettings, path: str, version
     exact = exact_ids(table.rows, settings.vector_col, settings.id_col, table.dimension, queries, settings.k,
                       {"index": None})["index"]
     verification = verify_index(index, queries, exact, settings.k, settings.min_index_recall, settings.nprobe)
+    transform_version = artifact.transform_version if artifact else None
     record = {"index_dir": settings.index_dir, "previous_version": previous, "factory": factory,
               "n": int(index.ntotal), "d": int(index.d), "built_from": table.ref,
-              "transform_version": artifact.transform_version if artifact else None, "verification": verification}
+              "transform_version": transform_version, "verification": verification}
     if raw_table is not None and artifact is not None:
         raw = valid_table(spark, raw_table[0], raw_table[1], settings, artifact.transform.d_in)
         raw_train, raw_queries = samples(raw, settings)
@@ -160,7 +134,7 @@ def index_stage(spark: SparkSession, settings: IndexSettings, path: str, version
                   f"CURRENT stays on {previous}")
         return {**record, "status": "refused", "reason": reason, "seconds": time.perf_counter() - started}
     manifest = core.build_manifest(index, factory, verification["nprobe"], verification["nprobe_curve"],
-                                   core.to_bytes(index), table.ref, record["transform_version"], verification)
+                                   core.to_bytes(index), table.ref, transform_version, verification)
     version_name = core.publish_index(settings.index_dir, index, manifest, artifact)
     return {**record, "status": "published", "index_version": version_name, "seconds": time.perf_counter() - started}
 

@@ -14,7 +14,6 @@ from typing import Any, Literal
 from anisotropy_core.decision import DecisionThresholds
 from anisotropy_core.diagnostics import Diagnosis
 from anisotropy_core.methods import Method, OutputDtype, settings_of
-from jobs.apply import VERSION_COLUMN
 from jobs.config import (
     ConfigError,
     EvaluationConfig,
@@ -25,11 +24,11 @@ from jobs.config import (
     setting_field,
     setting_problems,
 )
-from jobs.index import IndexSettings
+from jobs.columns import CLUSTER_COLUMN, VERSION_COLUMN
+from jobs.index_settings import IndexSettings
 
 # the scalar numbers of anisotropy_core.diagnose (what drift thresholds and output bounds may name)
 CORE_METRICS = Diagnosis.scalar_names()
-CLUSTER_COLUMN = "cluster_id"
 
 # method → {its setting: the nightly key holding it}; a setting absent here takes the method's default, but
 # abtt's ``max_D`` (the ``decision`` block's) and ``directions`` (the artefact evidence): see fit_params

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 
 from anisotropy_core.artifact import ArtifactError, load_artifact
 from anisotropy_core.candidates import PUBLISHED, refuse_explicit
-from anisotropy_core.clustering import ClusterRecenter
+from anisotropy_core.cluster_recenter import ClusterRecenter
 from anisotropy_core.decision import Recommendation, recommend
 from anisotropy_core.diagnostics import Diagnosis
 from anisotropy_core.diagnostics import diagnose as diagnose_moments
@@ -49,7 +49,7 @@ from anisotropy_spark.row_sample import RowSample
 from anisotropy_spark.table_files import table_files
 from anisotropy_spark.worker_errors import worker_error
 from jobs import evaluation
-from jobs.apply import VERSION_COLUMN
+from jobs.columns import VERSION_COLUMN
 from jobs.config import ConfigError
 from jobs.diagnose import artefact_of_sample, sampled_columns
 from jobs.fit_or_reuse import (

@@ -3,9 +3,10 @@ import numpy as np
 import pytest
 
 from anisotropy_core.artifact import load_artifact, save_artifact
-from anisotropy_core.clustering import (ClusterRecenter, ClusterState, assign, cluster_diagnostics, cluster_moments,
-                                        fit_cluster_recenter, induced_anisotropy, kmeans, lloyd, prepare,
-                                        sample_corrected_step, update_centroids)
+from anisotropy_core.cluster_diagnostics import cluster_diagnostics, cluster_moments, induced_anisotropy
+from anisotropy_core.cluster_recenter import ClusterRecenter, fit_cluster_recenter
+from anisotropy_core.kmeans import (ClusterState, assign, kmeans, lloyd, prepare, sample_corrected_step,
+                                    update_centroids)
 from anisotropy_core.diagnostics import centred_spectrum, diagnose
 from anisotropy_core.moments import InvalidVectorsError, Moments
 from anisotropy_core.synthetic import cone, mixture, random_rotation

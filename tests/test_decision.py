@@ -4,7 +4,9 @@ import pytest
 
 from anisotropy_core import diagnose
 from anisotropy_core.artefact_evidence import sample_artefact_test
-from anisotropy_core.clustering import assign, cluster_diagnostics, cluster_moments, fit_cluster_recenter, prepare
+from anisotropy_core.cluster_diagnostics import cluster_diagnostics, cluster_moments
+from anisotropy_core.cluster_recenter import fit_cluster_recenter
+from anisotropy_core.kmeans import assign, prepare
 from anisotropy_core.decision import DecisionThresholds, recommend, whitening_k
 from anisotropy_core.diagnostics import project_on_u1
 from anisotropy_core.synthetic import cone, mixture, pencil

@@ -351,7 +351,7 @@ def test_bench_line_many_queries_scaled_down(spark):
 
 
 def test_cluster_recenter_joins_the_candidates_when_given():
-    from anisotropy_core.clustering import fit_cluster_recenter
+    from anisotropy_core.cluster_recenter import fit_cluster_recenter
     from anisotropy_core.synthetic import mixture
     x, _ = mixture(400, 8, (0.5, 0.5), separation=8.0, seed=1)
     recenter, _ = fit_cluster_recenter(x, 2, seed=0)

@@ -6,7 +6,9 @@ from pyspark.ml.functions import array_to_vector
 from pyspark.sql import functions as F
 
 from anisotropy_core.artifact import Artifact, ArtifactError, build_manifest, load_artifact
-from anisotropy_core.clustering import cluster_diagnostics, cluster_moments, kmeans, sample_partitions
+from anisotropy_core.cluster_diagnostics import cluster_diagnostics, cluster_moments
+from anisotropy_core.cluster_recenter import fit_cluster_recenter
+from anisotropy_core.kmeans import kmeans, sample_partitions
 from anisotropy_core.moments import Moments
 from anisotropy_core.row_keys import row_keys, split_row_ids
 from anisotropy_core.synthetic import mixture
@@ -133,6 +135,16 @@ def test_model_registry():
     assert type(CorrectionModel.from_artifact(center)) is CorrectionModel
     with pytest.raises(ArtifactError, match="center artifact loads as CorrectionModel, not as ClusterRecenterModel"):
         ClusterRecenterModel.from_artifact(center)
+
+
+def test_cluster_recenter_model_set_params_takes_the_params_of_every_model():
+    X, _ = mixture(200, 4, (0.5, 0.5), separation=6.0, seed=8)
+    transform, _ = fit_cluster_recenter(X, 2, seed=0)
+    model = ClusterRecenterModel.from_artifact(Artifact(transform, build_manifest(transform, X.shape[0])))
+    model.setParams(outputCol="fixed", outputDtype="float32", predictionCol="cluster")
+    assert (model.getOutputCol(), model.getOutputDtype(), model.getPredictionCol()) == ("fixed", "float32", "cluster")
+    with pytest.raises(ValueError, match="outputDtype must be one of"):
+        model.setParams(outputDtype="int8")
 
 
 def test_spark_cluster_diagnostics_equals_numpy(spark):

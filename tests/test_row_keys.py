@@ -3,7 +3,7 @@ computes is tested in test_kmeans_spark."""
 import numpy as np
 import pytest
 
-from anisotropy_core.clustering import RowSample
+from anisotropy_core.kmeans import KeyedSample
 from anisotropy_core.row_keys import row_ids, row_keys, split_row_ids, xxhash64_long
 
 
@@ -34,8 +34,8 @@ def test_row_keys_are_uniform_and_differ_between_seeds_and_partitions():
 
 def test_row_sample_depends_on_rows_places_not_on_batch_boundaries():
     x = np.random.default_rng(0).standard_normal((1000, 3))
-    whole = RowSample.of_rows(x, 4, 2, 0, 100)
-    batched = RowSample.of_rows(x[:370], 4, 2, 0, 100).merge(RowSample.of_rows(x[370:], 4, 2, 370, 100))
+    whole = KeyedSample.of_rows(x, 4, 2, 0, 100)
+    batched = KeyedSample.of_rows(x[:370], 4, 2, 0, 100).merge(KeyedSample.of_rows(x[370:], 4, 2, 370, 100))
     assert whole.n == batched.n == 1000 and whole.complete
     assert np.array_equal(whole.keys, batched.keys) and np.array_equal(whole.rows, batched.rows)
     assert np.array_equal(whole.origin, batched.origin) and set(whole.origin[:, 0]) == {2}

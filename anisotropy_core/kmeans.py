@@ -1,34 +1,28 @@
-"""k-means and cluster-wise recentering (seed chapter 7, "the mean belongs to nobody"), in pure numpy.
-
-A single global mean is right for a single population only. For a mixture (90 % product text + 10 %
-tickets, ‖a − b‖ = 1, residual spread 1) the global mean μ = 0.9a + 0.1b leaves population B carrying
-the offset b − μ = 0.9(b − a) of norm 0.9, and Chapter 1's identity gives B an induced anisotropy
-A ≈ ‖δ‖² / (‖δ‖² + 1) = 0.81 / 1.81 ≈ 0.45. The fix: cluster (k-means, modest k), keep one mean per
-cluster (optionally its top-D within-cluster directions) and subtract the mean of the cluster a vector
-lands in.
+"""k-means (Lloyd, k-means|| seeding, a sample fit refined by full passes), in numpy.
 
 Everything distributed is expressed through *passes*: a function of the current centroids that returns a
 mergeable :class:`ClusterState` (per-cluster sums, counts, inertia and the farthest points seen). The
-driver loops (:func:`lloyd`, :func:`kmeans_parallel_init`) are shared by the numpy reference
-(:func:`kmeans`) and the Spark implementation (``anisotropy_spark.kmeans``), so both run the very same
-algorithm and differ only in where a pass executes.
+driver loops (:func:`lloyd`, :func:`kmeans_parallel_init`, :func:`sampled_kmeans`) are shared by the numpy
+reference (:func:`kmeans`) and the Spark implementation (``anisotropy_spark.kmeans``), so both run the very
+same algorithm and differ only in where a pass executes.
 
 Metrics: ``"euclidean"`` (distance ‖x − c‖², inertia Σ‖x − c‖²) and ``"cosine"`` (spherical k-means on
 unit vectors: distance 1 − cos(x, c), unit centroids, inertia Σ(1 − cos)) — the same cost definitions
 as ``pyspark.ml.clustering.KMeans``.
+
+The cluster-wise recentering fitted on top of it lives in :mod:`anisotropy_core.cluster_recenter`, the
+per-cluster diagnosis table in :mod:`anisotropy_core.cluster_diagnostics`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from .diagnostics import centred_spectrum, diagnose
-from .moments import InvalidVectorsError, Moments
+from .methods import ClusterRecenterSettings
+from .moments import InvalidVectorsError
 from .row_keys import row_ids, row_keys, split_row_ids
-from .methods import ClusterRecenterSettings, Method
-from .transforms import FittedTransform, check_shape, map_blocks, register
 
 METRICS = ("euclidean", "cosine")
 DEFAULT_MAX_ITER = ClusterRecenterSettings.max_iter
@@ -338,7 +332,7 @@ def first_centre_candidate(x: np.ndarray, rng: np.random.Generator) -> tuple[flo
 
     The row with the smallest key over all partitions is a uniformly random first centre.
     """
-    keys = rng.random(x.shape[0])
+    keys = rng.random((x.shape[0],))
     best = int(np.argmin(keys))
     return float(keys[best]), x[best]
 
@@ -379,7 +373,7 @@ def kmeans_parallel_init(first_centre: Callable[[], np.ndarray], run_pass: PassF
 
 
 @dataclass
-class RowSample:
+class KeyedSample:
     """Mergeable uniform sample of at most ``size`` rows: the rows with the smallest uniform keys.
 
     Row r of partition p gets the key :func:`~anisotropy_core.row_keys.row_keys` (seed, its
@@ -400,7 +394,7 @@ class RowSample:
 
     @classmethod
     def of_rows(cls, x: np.ndarray, seed: int, partition: int, first_row: int, size: int,
-                below: float = 1.0) -> "RowSample":
+                below: float = 1.0) -> "KeyedSample":
         """Sample of rows ``x`` (B, d) of ``partition`` starting at row ``first_row``, keyed for ``seed``; only rows
         with key < ``below`` kept (see :func:`sample_threshold`)."""
         ids = row_ids(partition, first_row + np.arange(x.shape[0]))
@@ -409,17 +403,17 @@ class RowSample:
         return cls.of_candidates(keys[kept], x[kept], split_row_ids(ids[kept]), x.shape[0], size)
 
     @classmethod
-    def of_candidates(cls, keys: np.ndarray, rows: np.ndarray, origin: np.ndarray, n: int, size: int) -> "RowSample":
+    def of_candidates(cls, keys: np.ndarray, rows: np.ndarray, origin: np.ndarray, n: int, size: int) -> "KeyedSample":
         """Sample of ``n`` rows from candidate ``keys`` (m,), ``rows`` (m, d), ``origin`` (m, 2): the ``size``
         smallest keys (ties by origin)."""
         order = np.lexsort((origin[:, 1], origin[:, 0], keys))[:size]
         return cls(keys[order], rows[order], origin[order].astype(np.int64), n, size)
 
-    def merge(self, other: "RowSample") -> "RowSample":
+    def merge(self, other: "KeyedSample") -> "KeyedSample":
         """Sample of the union of two disjoint row sets (associative and commutative)."""
         if not len(other.keys) or not len(self.keys):
             kept = other if len(other.keys) else self
-            return RowSample(kept.keys, kept.rows, kept.origin, self.n + other.n, self.size)
+            return KeyedSample(kept.keys, kept.rows, kept.origin, self.n + other.n, self.size)
         return self.of_candidates(np.concatenate([self.keys, other.keys]), np.concatenate([self.rows, other.rows]),
                               np.concatenate([self.origin, other.origin]), self.n + other.n, self.size)
 
@@ -438,18 +432,18 @@ class RowSample:
 
 
 def sample_threshold(n: int, size: int) -> float:
-    """Key bound ``below`` for a :class:`RowSample` of ``size`` of ``n`` rows: the number of keys under it is
+    """Key bound ``below`` for a :class:`KeyedSample` of ``size`` of ``n`` rows: the number of keys under it is
     Binomial(n, below) with mean size + 8·√size + 64, so it holds the ``size`` smallest keys except with
-    probability < 1e-15 (then the sample is not :attr:`~RowSample.complete` and is drawn again with 1)."""
+    probability < 1e-15 (then the sample is not :attr:`~KeyedSample.complete` and is drawn again with 1)."""
     return 1.0 if n <= size else min(1.0, (size + 8.0 * np.sqrt(size) + 64.0) / n)
 
 
-def sample_partitions(parts: Sequence[np.ndarray], seed: int, size: int) -> RowSample:
-    """:class:`RowSample` of in-memory partitions ``parts`` (each (n_p, d)), as the Spark sample pass draws it."""
+def sample_partitions(parts: Sequence[np.ndarray], seed: int, size: int) -> KeyedSample:
+    """:class:`KeyedSample` of in-memory partitions ``parts`` (each (n_p, d)), as the Spark sample pass draws it."""
     d = parts[0].shape[1]
-    sample = RowSample(np.zeros(0), np.zeros((0, d)), np.zeros((0, 2), dtype=np.int64), 0, size)
+    sample = KeyedSample(np.zeros(0), np.zeros((0, d)), np.zeros((0, 2), dtype=np.int64), 0, size)
     for p, x in enumerate(parts):
-        sample = sample.merge(RowSample.of_rows(x, seed, p, 0, size))
+        sample = sample.merge(KeyedSample.of_rows(x, seed, p, 0, size))
     return sample
 
 
@@ -523,10 +517,10 @@ def sample_corrected_step(sample_pass: PassFn, metric: str, iterations: int) -> 
     return step
 
 
-def sampled_kmeans(sample: RowSample, partition_count: int, refine: Refine, k: int, metric: str, seed: int,
+def sampled_kmeans(sample: KeyedSample, partition_count: int, refine: Refine, k: int, metric: str, seed: int,
                    max_iter: int, tol: float, init: np.ndarray | None, init_steps: int, oversampling: float,
                    refine_passes: int, corrected_iter: int = 0) -> KMeansResult:
-    """k-means of a whole table from its :class:`RowSample` and ``refine(start, r, tol, step)``: r Lloyd passes
+    """k-means of a whole table from its :class:`KeyedSample` and ``refine(start, r, tol, step)``: r Lloyd passes
     over the whole table from ``start`` (k, d) (:func:`lloyd` with a full-table pass, wherever the table lives).
 
     * The sample is the whole table (n ≤ sample size): exact k-means|| + Lloyd of its ``partition_count``
@@ -581,199 +575,3 @@ def kmeans(data: np.ndarray | Sequence[np.ndarray], k: int, metric: str = "eucli
     return sampled_kmeans(sample_partitions(parts, seed, sample_size), len(parts),
                           lambda start, passes, stop, step: lloyd(full_pass, start, metric, passes, stop, step), k,
                           metric, seed, max_iter, tol, init, init_steps, oversampling, refine_passes, corrected_iter)
-
-
-@register
-class ClusterRecenter(FittedTransform):
-    """Fitted cluster-wise recentering (registered transform ``"cluster_recenter"``): assign each vector to
-    its nearest centroid, subtract that cluster's mean, and optionally project out that cluster's top-D
-    within-cluster principal directions. (n, d) → (n, d).
-
-    * ``metric``      — assignment metric (``"euclidean"`` | ``"cosine"``),
-    * ``centroids``   — (k, d) assignment centroids (unit rows for cosine),
-    * ``means``       — (k, d) per-cluster mean of the *raw* vectors (what is subtracted),
-    * ``directions``  — (k, D, d) per-cluster top-D unit directions (rows), sign-canonical; D may be 0,
-    * ``sizes``       — (k,) int64 number of fitting vectors per cluster,
-    * ``mean``        — (d,) corpus mean (size-weighted mean of ``means``; kept for the shared contract),
-    * ``fit_info``    — JSON scalars about the k-means fit (``inertia``, ``n_iter``, ``converged``).
-
-    :meth:`apply` follows the :class:`FittedTransform` contract and returns the corrected vectors only;
-    :meth:`apply_with_clusters` also returns the cluster ids.
-    """
-
-    method = Method.CLUSTER_RECENTER
-
-    def __init__(self, metric: str, centroids: np.ndarray, means: np.ndarray, directions: np.ndarray,
-                 sizes: np.ndarray, fit_info: Mapping[str, Any] | None = None):
-        self.metric = check_metric(metric)
-        self.centroids = np.asarray(centroids, dtype=np.float64)
-        self.means = np.asarray(means, dtype=np.float64)
-        self.sizes = np.asarray(sizes).round().astype(np.int64)
-        k, d = self.centroids.shape
-        self.directions = np.asarray(directions, dtype=np.float64).reshape(k, -1, d)
-        if self.means.shape != (k, d) or self.sizes.shape != (k,):
-            raise ValueError(f"inconsistent cluster-recenter arrays: centroids {self.centroids.shape}, "
-                             f"means {self.means.shape}, sizes {self.sizes.shape}")
-        if not (self.sizes > 0).all():
-            raise ValueError(f"clusters {np.flatnonzero(self.sizes <= 0).tolist()} received no fitting vectors; "
-                             "their mean is undefined (lower k or raise max_iter)")
-        super().__init__(self.sizes @ self.means / self.sizes.sum())
-        self.fit_info = dict(fit_info or {})
-
-    @property
-    def k(self) -> int:
-        return int(self.centroids.shape[0])
-
-    @property
-    def n_directions(self) -> int:
-        return int(self.directions.shape[1])
-
-    @classmethod
-    def from_moments(cls, centroids: np.ndarray, states: Sequence[Moments], n_directions: int, metric: str,
-                     fit_info: Mapping[str, Any] | None = None) -> "ClusterRecenter":
-        """Build from (k, d) ``centroids`` and the k per-cluster :class:`Moments` of the fitting data."""
-        k, d = np.shape(centroids)
-        if len(states) != k:
-            raise ValueError(f"{len(states)} cluster moments for {k} centroids")
-        if not 0 <= n_directions < d:
-            raise ValueError(f"directions per cluster must be in [0, {d}), got {n_directions}")
-        empty = [c for c, s in enumerate(states) if s.n == 0]
-        if empty:
-            raise ValueError(f"clusters {empty} received no fitting vectors; their mean is undefined "
-                             "(lower k or raise max_iter)")
-        directions = np.stack([centred_spectrum(s)[1][:, :n_directions].T for s in states])
-        return cls(metric, centroids, np.stack([s.mean for s in states]), directions.reshape(k, n_directions, d),
-                   np.array([s.n for s in states]), fit_info)
-
-    def params(self) -> dict[str, Any]:
-        return {"metric": self.metric, "k": self.k, "D_per_cluster": self.n_directions, **self.fit_info}
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {"mean": self.mean, "centroids": self.centroids, "means": self.means,
-                "directions": self.directions, "sizes": self.sizes.astype(np.float64)}
-
-    @classmethod
-    def from_parts(cls, params: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> "ClusterRecenter":
-        info = {key: value for key, value in params.items() if key not in ("metric", "k", "D_per_cluster")}
-        return cls(params["metric"], arrays["centroids"], arrays["means"], arrays["directions"], arrays["sizes"],
-                   info)
-
-    def assign(self, vectors: np.ndarray) -> np.ndarray:
-        """(B,) int64 cluster id of each raw vector (B, d)."""
-        return assign(prepare(vectors, self.metric), self.centroids, self.metric)[0]
-
-    def apply_with_clusters(self, vectors: np.ndarray, dtype: type = np.float64) -> tuple[np.ndarray, np.ndarray]:
-        """``(corrected (B, d) of dtype, cluster ids (B,) int64)`` for raw ``vectors`` (B, d), float32 or float64.
-
-        Computed in float64 block by block (:func:`~anisotropy_core.transforms.map_blocks`; the assignment too),
-        then cast to ``dtype``. Raises :class:`TransformInputError` (naming the row) on a wrong dimension or a
-        non-finite value, :class:`NonFiniteOutputError` on a non-finite output (e.g. after the cast).
-        """
-        x = check_shape(np.asarray(vectors), self.d_in)
-        ids = np.empty(x.shape[0], dtype=np.int64)
-
-        def recenter(rows: np.ndarray, start: int) -> np.ndarray:
-            block_ids = ids[start:start + rows.shape[0]]
-            block_ids[...] = self.assign(rows)
-            rows -= self.means[block_ids]
-            if self.n_directions:
-                u = self.directions[block_ids]                       # (b, D, d)
-                rows -= np.einsum("bj,bjd->bd", np.einsum("bjd,bd->bj", u, rows), u)
-            return rows
-
-        return map_blocks(x, self.d_in, self.d_out, dtype, recenter, self.method), ids
-
-    def apply(self, vectors: np.ndarray, dtype: type = np.float64) -> np.ndarray:
-        """Corrected vectors (B, d) (or (d,) for one vector) of ``dtype``; see :meth:`apply_with_clusters`."""
-        x = np.asarray(vectors)
-        out = self.apply_with_clusters(x[None, :] if x.ndim == 1 else x, dtype)[0]
-        return out[0] if x.ndim == 1 else out
-
-
-def cluster_moments(vectors: np.ndarray, ids: np.ndarray, k: int) -> list[Moments]:
-    """k per-cluster :class:`Moments` of raw ``vectors`` (B, d) grouped by ``ids`` (B,) in [0, k)."""
-    x = np.asarray(vectors, dtype=np.float64)
-    return [Moments.of_batch(x[ids == c]) for c in range(k)]
-
-
-def merge_cluster_moments(left: Sequence[Moments], right: Sequence[Moments]) -> list[Moments]:
-    """Cluster-wise :meth:`Moments.merge` of two equally long lists."""
-    if len(left) != len(right):
-        raise ValueError(f"cannot merge {len(left)} cluster moments with {len(right)}")
-    return [a.merge(b) for a, b in zip(left, right)]
-
-
-def kmeans_info(result: KMeansResult) -> dict[str, Any]:
-    """JSON scalars recorded with a cluster-recenter fit."""
-    return {"inertia": float(result.inertia), "n_iter": int(result.n_iter), "converged": bool(result.converged),
-            "refinement": result.refinement}
-
-
-def fit_cluster_recenter(vectors: np.ndarray, k: int, n_directions: int = 0, metric: str = "euclidean",
-                         seed: int = 0, **kmeans_options) -> tuple[ClusterRecenter, KMeansResult]:
-    """Numpy reference fit on (n, d) ``vectors``: k-means, then one per-cluster moments pass."""
-    result = kmeans(vectors, k, metric, seed, **kmeans_options)
-    x = np.asarray(vectors, dtype=np.float64)
-    ids = assign(prepare(x, metric), result.centroids, metric)[0]
-    fit = ClusterRecenter.from_moments(result.centroids, cluster_moments(x, ids, k), n_directions, metric,
-                                       kmeans_info(result))
-    return fit, result
-
-
-def induced_anisotropy(offset: float, spread: float) -> float:
-    """Seed chapter 7: average cosine ‖δ‖² / (‖δ‖² + s²) among vectors sharing a residual offset of norm
-    ``offset`` on top of centred residuals of typical norm ``spread`` (equal-norm approximation)."""
-    total = offset ** 2 + spread ** 2
-    if total <= 0:
-        raise ValueError("offset and spread are both zero: the vectors are all zero")
-    return offset ** 2 / total
-
-
-CLUSTER_REPORT_KEYS = ("offset_ratio", "anisotropy_A", "top1_var", "effective_rank", "erank_frac")
-
-
-def cluster_diagnostics(states: Sequence[Moments]) -> dict:
-    """Per-cluster diagnosis table from k per-cluster :class:`Moments` states (raw vectors).
-
-    Returns ``{"global": row, "clusters": [row per cluster], "locally_isotropic": bool}``. Every row has
-    ``size``, ``share`` and the :func:`diagnose` numbers ``offset_ratio, anisotropy_A, top1_var,
-    effective_rank, erank_frac`` (the raw cloud as is), ``d``, and for clusters also
-    ``cluster`` and ``induced_A_global_centring`` — the seed's ‖δ‖²/(‖δ‖² + tr Σ_c) with δ = μ_c − μ, the
-    anisotropy a *global* centring leaves inside that cluster (what cluster recentering removes).
-    A cluster with fewer than 2 vectors, or all-identical vectors, has no shape: its shape numbers are
-    ``None`` (never NaN). ``locally_isotropic`` is True when every cluster's top-1 share is below the
-    global one and its effective rank above the global one — "globally anisotropic, locally isotropic".
-    """
-    if not states:
-        raise ValueError("no cluster states")
-    total = states[0]
-    for s in states[1:]:
-        total = total.merge(s)
-    global_row = _diagnosis_row(total, total.n)
-    rows = []
-    for c, state in enumerate(states):
-        row = {"cluster": c, **_diagnosis_row(state, total.n)}
-        if state.n:
-            delta = float(np.linalg.norm(state.mean - total.mean))
-            spread = float(np.sqrt(np.trace(state.covariance())))
-            row["induced_A_global_centring"] = (induced_anisotropy(delta, spread)
-                                                if delta > 0 or spread > 0 else None)
-        else:
-            row["induced_A_global_centring"] = None
-        rows.append(row)
-    shaped = [r for r in rows if r["top1_var"] is not None]
-    local = bool(shaped) and global_row["top1_var"] is not None and all(
-        r["top1_var"] < global_row["top1_var"] and r["effective_rank"] > global_row["effective_rank"]
-        for r in shaped)
-    return {"global": global_row, "clusters": rows, "locally_isotropic": local}
-
-
-def _diagnosis_row(state: Moments, corpus_n: int) -> dict:
-    row = {"size": int(state.n), "share": state.n / corpus_n if corpus_n else 0.0, "d": state.d}
-    try:
-        report = diagnose(state)
-    except ValueError:        # fewer than 2 vectors, or zero spread: the shape is undefined
-        report = None
-    for key in CLUSTER_REPORT_KEYS:
-        row[key] = None if report is None else report[key]
-    return row
