@@ -191,11 +191,11 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
         with timed_stage(log, timings, "alignment"):
             aligned = pair_alignment(valid, vector_col, id_col, read_table(spark, config.pairs)[0])
     sign_null = sign_structure_null(sample[0])
-    noise = sampling_noise({**report, "A_sign_null": sign_null["null"]})   # A_z measured from the sign null
+    noise = sampling_noise(report, A_sign_null=sign_null["null"])   # A_z measured from the sign null
     extra = {"isoscore": isoscore_from_spectrum(report.spectrum), "A_noise_z": noise["A_z"],
              "null_effective_rank": noise["null_effective_rank"], "A_sign_null": sign_null["null"],
              "partition_ratio": partition_ratio(sample[0])["I"], "uniformity": uniformity(sample[0])["uniformity"]}
-    recommendation = recommend({**report, **extra}, per_cluster, artefact, config.decision)
+    recommendation = recommend(report, per_cluster, artefact, config.decision, A_sign_null=sign_null["null"])
     evaluation = None
     if config.evaluation and config.evaluation.active:
         with timed_stage(log, timings, "evaluation") as info:
