@@ -109,19 +109,19 @@ def side_by_side(before: dict, after: dict) -> str:
     return "\n".join(lines)
 
 
-def agreement(diagnosis: dict, night: dict) -> list[str]:
+def agreement(diagnosis: diagnose_job.DiagnosisReport, night: dict) -> list[str]:
     """Whether the diagnosis's verdict, its held-out evaluation, the night's own verdict and what the night applied
     agree, and where they differ, why (each a line)."""
-    verdict, night_verdict = diagnosis["recommendation"], night["recommendation"]
-    chosen = (diagnosis["evaluation"] or {}).get("chosen")
+    verdict, night_verdict = diagnosis.recommendation, night["recommendation"]
+    chosen = (diagnosis.evaluation or {}).get("chosen")
     applied = applied_summary(night)
     applied_name = applied["candidate"] or applied["method"]
-    if verdict["method"] == night_verdict["method"] == applied["method"] and chosen in (None, applied_name):
+    if verdict.method == night_verdict["method"] == applied["method"] and chosen in (None, applied_name):
         return [f"the diagnosis verdict, the evaluation and the nightly agree: {applied_name}"]
-    notes = [f"the diagnosis's label-free verdict is {verdict['method']}"
-             + (" (on significant artefact evidence)" if verdict.get("verified") and verdict["method"] == "abtt"
+    notes = [f"the diagnosis's label-free verdict is {verdict.method}"
+             + (" (on significant artefact evidence)" if verdict.verified and verdict.method == "abtt"
                 else " (it deletes and whitens nothing without evidence; the held-out evaluation decides)")]
-    if night_verdict["method"] != verdict["method"]:
+    if night_verdict["method"] != verdict.method:
         notes.append(f"the night's own label-free verdict is {night_verdict['method']}: "
                      + "; ".join(night_verdict["reasons"][:1]) + " (the nightly's mixture check runs k-means with its "
                      "own cluster_k on its sample, the diagnosis's per-cluster table with the diagnosis's cluster_k)")
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n## The nightly's candidates, scored on held-out queries (same-chapter neighbours of every sentence)\n\n"
           + evaluation_markdown(published["evaluation"]))
     print("\n" + report)
-    print("\n## Before / after the published night\n\n" + side_by_side(before["metrics"], after["metrics"]))
+    print("\n## Before / after the published night\n\n" + side_by_side(before.metrics, after.metrics))
     for night, record in enumerate(nights, 1):
         print(f"\nnightly run {night}: {record['status']} — {record['reason']}; {nightly.output} is at Delta version "
               f"{output_state(spark, nightly.output).version}; run record "
