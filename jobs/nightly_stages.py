@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from typing import Any
 
 import numpy as np
 from pyspark import StorageLevel
@@ -65,7 +64,7 @@ from jobs.fit_or_reuse import (
 from jobs.gate import GateError, gate
 from jobs.index import index_stage
 from jobs.nightly_config import NightlyConfig, check_against_data
-from jobs.run_records import json_safe
+from jobs.run_records import Applied, NeighbourOverlap, RunRecord, ServingArtifact
 
 log = logging.getLogger("anisotropy.nightly")
 
@@ -77,7 +76,7 @@ class NightlyContext:
 
     spark: SparkSession
     config: NightlyConfig
-    record: dict[str, Any]
+    record: RunRecord
     cleanup: contextlib.ExitStack = dataclasses.field(default_factory=contextlib.ExitStack)
     finished: bool = False
     ref: TableRef | None = None
@@ -124,22 +123,22 @@ def read(ctx: NightlyContext, info: dict) -> None:
     if ctx.ref.format != "delta":
         raise ConfigError(f"input: {config.input} is not a Delta table (the nightly job pins a Delta version)")
     require_schema(ctx.input_df.columns, config.named_columns())      # every named column, before any pass
-    rec["input"]["version"] = ctx.ref.version
+    rec.input.version = ctx.ref.version
     ctx.state = output_state(ctx.spark, config.output)
-    rec["output"]["previous_version"] = ctx.state.version
+    rec.output.previous_version = ctx.state.version
     previous = ctx.previous
     problem = check_serving(ctx)
     if previous and previous.get("input_path") == config.input and previous.get("input_version") == ctx.ref.version \
-            and previous.get("config_hash") == rec["config_hash"]:
+            and previous.get("config_hash") == rec.config_hash:
         if problem is not None:
-            rec["reason"] = (f"not a no-op: output version {ctx.state.version} already holds input version "
-                             f"{ctx.ref.version}, but its artifact failed the check ({problem}): refit and republish")
-            log.warning("%s", rec["reason"])
+            rec.reason = (f"not a no-op: output version {ctx.state.version} already holds input version "
+                          f"{ctx.ref.version}, but its artifact failed the check ({problem}): refit and republish")
+            log.warning("%s", rec.reason)
             return
-        rec.update(status="noop", mode="noop", reason=(
+        rec.status, rec.mode, rec.reason = "noop", "noop", (
             f"output version {ctx.state.version} already holds input version {ctx.ref.version} with this config "
-            f"(run {previous['run_id']}, transform {previous.get('transform_version')}, artifact verified)"))
-        rec["output"]["version"] = ctx.state.version
+            f"(run {previous['run_id']}, transform {previous.get('transform_version')}, artifact verified)")
+        rec.output.version = ctx.state.version
         ctx.finished = True
 
 
@@ -150,15 +149,15 @@ def check_serving(ctx: NightlyContext) -> str | None:
     or None."""
     previous = ctx.previous or {}
     if not previous.get("artifact"):
-        ctx.record["serving_artifact"] = None
+        ctx.record.serving_artifact = None
         return None
-    checked = {"path": previous["artifact"], "transform_version": previous.get("transform_version")}
+    path, version = previous["artifact"], previous.get("transform_version")
     try:
         serving_artifact(previous)
     except ArtifactError as exc:
-        ctx.record["serving_artifact"] = {**checked, "verified": False, "problem": str(exc)}
+        ctx.record.serving_artifact = ServingArtifact(path, version, verified=False, problem=str(exc))
         return str(exc)
-    ctx.record["serving_artifact"] = {**checked, "verified": True}
+    ctx.record.serving_artifact = ServingArtifact(path, version, verified=True)
     return None
 
 
@@ -176,12 +175,12 @@ def validate_input(ctx: NightlyContext, info: dict) -> None:
     drawn = RowSample(config.sample_size, total, columns=tuple(columns)) if columns or config.mixture_check else None
     ctx.checked = validate(as_vector_array(ctx.input_df, config.vector_col), config.vector_col, config.id_col,
                            config.dimension, config.on_invalid, config.quarantine_path,
-                           run_id=ctx.record["run_id"], input_version=ctx.ref.version, with_moments=True, files=files,
+                           run_id=ctx.record.run_id, input_version=ctx.ref.version, with_moments=True, files=files,
                            max_norm_ratio=config.max_norm_ratio,
                            sample=drawn)
     ctx.valid, ctx.moments = ctx.checked.valid, ctx.checked.moments
     info["rows"], info["reader"] = ctx.moments.n + ctx.checked.invalid_count, ctx.checked.reader if files else planned
-    ctx.record["counts"].update(invalid_rows=ctx.checked.invalid_count,
+    ctx.record.counts.update(invalid_rows=ctx.checked.invalid_count,
                                 invalid_by_reason=ctx.checked.invalid_by_reason)
 
 
@@ -195,8 +194,8 @@ def diagnose(ctx: NightlyContext, info: dict) -> None:
     ctx.report = diagnose_moments(ctx.moments)
     columns = sampled_columns(config)
     info["rows"] = ctx.report.n
-    rec["counts"]["valid_rows"] = ctx.report.n
-    rec["input_metrics"] = ctx.report.scalars()
+    rec.counts.valid_rows = ctx.report.n
+    rec.input_metrics = ctx.report.scalars()
     check_against_data(config, ctx.report.n, d, config.method)
     if columns or config.mixture_check:
         (vectors, values), info["sample_source"] = drawn_or_sampled(ctx.checked.drawn, ctx.valid, config.vector_col, d,
@@ -205,17 +204,17 @@ def diagnose(ctx: NightlyContext, info: dict) -> None:
     if columns:
         ctx.artefact = artefact_of_sample(vectors, values, ctx.report, config.metadata_cols, config.label_col,
                                           config.artefact_directions, config.decision, config.seed)
-    rec["artefact"] = ctx.artefact
+    rec.artefact = ctx.artefact
     if config.mixture_check and vectors.shape[0] < 4 * config.cluster_k:
-        rec["clusters"] = {"skipped": f"mixture check: {vectors.shape[0]} sampled rows < 4 · cluster_k"}
+        rec.clusters = {"skipped": f"mixture check: {vectors.shape[0]} sampled rows < 4 · cluster_k"}
     elif config.mixture_check:
         try:
             ctx.sample_centroids, ctx.clusters = mixture_check(vectors, config.cluster_k,
                                                                config.cluster_distance_measure, config.seed)
         except ValueError as exc:
-            rec["clusters"] = {"skipped": f"mixture check: {exc}"}
+            rec.clusters = {"skipped": f"mixture check: {exc}"}
             return
-        rec["clusters"] = {"source": f"k-means of the {vectors.shape[0]}-row sample",
+        rec.clusters = {"source": f"k-means of the {vectors.shape[0]}-row sample",
                            **{key: ctx.clusters[key] for key in ("locally_isotropic", "clusters", "mixture_null")}}
 
 
@@ -233,7 +232,7 @@ def fit_cluster_candidate(ctx: NightlyContext) -> None:
                                                             config.cluster_distance_measure,
                                                             {"kmeans": "faiss, on the mixture check's sample"})
     except ValueError as exc:                  # a sample cluster no row of the table falls in: no candidate
-        ctx.record["clusters"]["candidate"] = f"not fitted: {exc}"
+        ctx.record.clusters["candidate"] = f"not fitted: {exc}"
         return
     if ctx.method == "cluster_recenter" and config.method == "auto":
         ctx.chosen_transform = ctx.cluster_recenter
@@ -245,7 +244,7 @@ def decide(ctx: NightlyContext, info: dict) -> None:
     rec = ctx.record
     recommendation = ctx.recommendation = recommend(ctx.report, ctx.clusters, ctx.artefact, ctx.config.decision)
     ctx.method = recommendation.method if ctx.config.method == "auto" else ctx.config.method
-    rec["recommendation"] = recommendation.to_dict()
+    rec.recommendation = recommendation
     for warning in recommendation.warnings:
         log.warning("decision: %s", warning)
     log.info("decision: recommend %s (%s); applying %s", recommendation.method,
@@ -263,32 +262,32 @@ def evaluate(ctx: NightlyContext, info: dict) -> None:
     published — when that leaves the output as it is (same input version), the run stops here with status
     ``kept``. An explicit method is judged in the gate (:func:`quality_gate`)."""
     config, rec = ctx.config, ctx.record
-    rec["evidence"] = "labelled" if labelled(config) else "label_free"
+    rec.evidence = "labelled" if labelled(config) else "label_free"
     if not labelled(config) or config.method != "auto":
         return
     previous = ctx.previous
-    serving = rec.get("serving_artifact")
-    published = previous is not None and (serving is None or serving["verified"])     # a corrupt one is no baseline
+    serving = rec.serving_artifact
+    published = previous is not None and (serving is None or serving.verified)     # a corrupt one is no baseline
     published_transform = load_artifact(previous["artifact"], expected_dimension=ctx.report.d).transform \
         if published and previous.get("artifact") else None
     record, fitted, grid = evaluation.run_evaluation(
         ctx.spark, ctx.valid, config.vector_col, config.id_col, ctx.report.d, ctx.moments, ctx.recommendation,
         config.evaluation, config.decision, ctx.cluster_recenter, published, published_transform,
         overlap_sample(config), config.min_neighbour_overlap)
-    ctx.evaluation, rec["evaluation"] = record, json_safe(record)
+    ctx.evaluation = rec.evaluation = record
     info["rows"] = record["queries"] or record["pairs"] or 0
     ctx.chosen, ctx.chosen_transform = record["chosen"], fitted[record["chosen"]]
     ctx.neighbour_overlap = record["neighbour_overlap"][ctx.chosen]
-    rec["reason"] = record["decision"]["reason"]
-    log.info("evaluation: %s", rec["reason"])
+    rec.reason = record["decision"]["reason"]
+    log.info("evaluation: %s", rec.reason)
     for warning in record["warnings"]:
         log.warning("evaluation: %s", warning)
     if ctx.chosen == PUBLISHED:
         ctx.method = previous.get("method") or "none"
         ctx.chosen_params = load_artifact(previous["artifact"]).manifest["params"] if previous.get("artifact") else {}
         if previous.get("input_path") == config.input and previous.get("input_version") == ctx.ref.version:
-            rec.update(status="kept", mode="kept")
-            rec["output"]["version"] = ctx.state.version
+            rec.status, rec.mode = "kept", "kept"
+            rec.output.version = ctx.state.version
             ctx.finished = True
         return
     candidate = next(c for c in grid if c.name == ctx.chosen)
@@ -318,21 +317,20 @@ def fit(ctx: NightlyContext, info: dict) -> None:
         ctx.model, artifact_path = model_from(load_artifact(ctx.previous["artifact"]), config), ctx.previous["artifact"]
         why = "the evaluation keeps the published transform"
     elif method != "none":
-        reused, why = reusable(config, ctx.previous, method, params, ctx.report.d, ctx.record["input_metrics"])
+        reused, why = reusable(config, ctx.previous, method, params, ctx.report.d, ctx.record.input_metrics)
         if reused is not None:
             ctx.model, artifact_path = model_from(reused, config), ctx.previous["artifact"]
         else:
             ctx.model = model_of(ctx.chosen_transform, ctx.report.n, config, ctx.ref) \
                 if ctx.chosen_transform is not None \
                 else fit_model(config, method, params, ctx.valid, ctx.ref, ctx.moments)
-            artifact_path = save_fit(config, ctx.model, method, params, ctx.record["input_metrics"])
+            artifact_path = save_fit(config, ctx.model, method, params, ctx.record.input_metrics)
             ctx.refitted = True
     ctx.transform_version = ctx.model.transform_version if ctx.model is not None else "none"
     ctx.d_out = ctx.model.transform_.d_out if ctx.model is not None else ctx.report.d
-    ctx.record["applied"] = {"method": method, "params": params, "transform_version": ctx.transform_version,
-                             "artifact": artifact_path, "refitted": ctx.refitted, "fit_reason": why,
-                             "candidate": ctx.chosen,
-                             "follows_recommendation": method == ctx.recommendation.method}
+    ctx.record.applied = Applied(method=method, params=params, transform_version=ctx.transform_version,
+                                 artifact=artifact_path, refitted=ctx.refitted, fit_reason=why, candidate=ctx.chosen,
+                                 follows_recommendation=method == ctx.recommendation.method)
     log.info("fit: %s %s (%s)", "refitted" if ctx.refitted else "reused", ctx.transform_version, why)
 
 
@@ -348,7 +346,7 @@ def full_rebuild_reason(ctx: NightlyContext) -> str | None:
     if ctx.refitted:
         return "the transform was refitted"
     if (previous.get("transform_version"), previous.get("input_path"), previous.get("config_hash")) != \
-            (ctx.transform_version, config.input, ctx.record["config_hash"]):
+            (ctx.transform_version, config.input, ctx.record.config_hash):
         return "transform, input path or config changed since the last publish"
     before = previous.get("input_version")
     if not isinstance(before, int) or before >= ctx.ref.version:
@@ -387,16 +385,16 @@ def apply(ctx: NightlyContext, info: dict) -> None:
     version, which gives the same rows. Incremental: only the rows appended since the previous publish
     (cached: they are the MERGE source), unioned with the current output as the would-be table."""
     config, spark = ctx.config, ctx.spark
-    ctx.record["mode_reason"] = full_rebuild_reason(ctx)
-    ctx.record["mode"] = "full" if ctx.record["mode_reason"] else "incremental"
-    if ctx.record["mode"] == "incremental":
+    ctx.record.mode_reason = full_rebuild_reason(ctx)
+    ctx.record.mode = "full" if ctx.record.mode_reason else "incremental"
+    if ctx.record.mode == "incremental":
         old_ids = read_table(spark, config.input, ctx.previous["input_version"])[0].select(config.id_col)
         new_valid = ctx.valid.join(old_ids, config.id_col, "left_anti")
         ctx.new_rows = transformed(ctx, new_valid).persist(StorageLevel.MEMORY_AND_DISK)
         ctx.cleanup.callback(ctx.new_rows.unpersist)
         existing = read_table(spark, config.output, ctx.state.version)[0]
         ctx.candidate = existing.unionByName(ctx.new_rows, allowMissingColumns=False)
-        info["rows"] = ctx.record["counts"]["rows_written"] = ctx.new_rows.count()
+        info["rows"] = ctx.record.counts.rows_written = ctx.new_rows.count()
     else:
         ctx.candidate = transformed(ctx, ctx.valid)
         ctx.output_files = file_count(scan_bytes(ctx.input_df), config.target_file_mb)
@@ -416,7 +414,7 @@ def diagnose_output(ctx: NightlyContext, info: dict) -> None:
         if not isinstance(found, ValueError):
             raise
         ctx.output_error = str(found).splitlines()[0]
-    ctx.record["output_metrics"] = ctx.output_metrics
+    ctx.record.output_metrics = ctx.output_metrics
 
 
 def gate_output(ctx: NightlyContext, info: dict) -> None:
@@ -425,11 +423,11 @@ def gate_output(ctx: NightlyContext, info: dict) -> None:
     failed check is listed in ONE GateError (nothing is published)."""
     problems = []
     try:
-        ctx.record["counts"].update(gate(ctx.candidate, ctx.valid, ctx.config, ctx.d_out, ctx.output_metrics,
+        ctx.record.counts.update(gate(ctx.candidate, ctx.valid, ctx.config, ctx.d_out, ctx.output_metrics,
                                          ctx.output_error))
-        info["rows"] = ctx.record["counts"]["output_rows"]
-        if ctx.record["mode"] == "full":
-            ctx.record["counts"]["rows_written"] = info["rows"]
+        info["rows"] = ctx.record.counts.output_rows
+        if ctx.record.mode == "full":
+            ctx.record.counts.rows_written = info["rows"]
     except GateError as exc:
         problems += exc.problems
     if labelled(ctx.config) and ctx.chosen is None and ctx.method != "none":
@@ -437,16 +435,16 @@ def gate_output(ctx: NightlyContext, info: dict) -> None:
     problems += neighbour_gate(ctx)
     if problems:
         raise GateError(problems)
-    if ctx.record.get("evidence") == "label_free":
-        overlap = ctx.record["neighbour_overlap"]
+    if ctx.record.evidence == "label_free":
+        overlap = ctx.record.neighbour_overlap
         unverified = (f"unverified: {ctx.method} applied without labelled evidence (no evaluation queries or pairs: "
-                      f"the recommendation alone); neighbour overlap {overlap['mean']:.3f} >= min_neighbour_overlap "
-                      f"{overlap['min']:g}")
-        earlier = ctx.record.get("reason")            # e.g. why a night that looked like a no-op was not one
-        ctx.record["reason"] = f"{earlier}; {unverified}" if earlier else unverified
+                      f"the recommendation alone); neighbour overlap {overlap.mean:.3f} >= min_neighbour_overlap "
+                      f"{overlap.min:g}")
+        earlier = ctx.record.reason            # e.g. why a night that looked like a no-op was not one
+        ctx.record.reason = f"{earlier}; {unverified}" if earlier else unverified
     elif ctx.evaluation is not None:
-        ctx.record["evaluation"]["gate"] = {"candidate": ctx.chosen, "passes": True,
-                                            "reason": ctx.record["evaluation"]["decision"]["reason"]}
+        ctx.record.evaluation["gate"] = {"candidate": ctx.chosen, "passes": True,
+                                            "reason": ctx.record.evaluation["decision"]["reason"]}
 
 
 def quality_gate(ctx: NightlyContext) -> list[str]:
@@ -460,9 +458,8 @@ def quality_gate(ctx: NightlyContext) -> list[str]:
                                       ctx.model.transform_, config.evaluation, overlap_sample(config))
     ctx.neighbour_overlap = scored["neighbour_overlap"]
     passes, reason = refuse_explicit(scored["intervals"]["applied"], config.evaluation.max_quality_drop)
-    ctx.record["evaluation"] = json_safe({"evidence": "labelled", "metric": config.evaluation.selection_metric(),
-                                          **scored, "gate": {"candidate": "applied", "passes": passes,
-                                                             "reason": reason}})
+    ctx.record.evaluation = {"evidence": "labelled", "metric": config.evaluation.selection_metric(), **scored,
+                             "gate": {"candidate": "applied", "passes": passes, "reason": reason}}
     return [] if passes else [reason]
 
 
@@ -477,8 +474,8 @@ def neighbour_gate(ctx: NightlyContext) -> list[str]:
             ctx.model.transform_ if ctx.model is not None else None, overlap_sample(config))
     value = ctx.neighbour_overlap
     passes = value >= config.min_neighbour_overlap
-    ctx.record["neighbour_overlap"] = {"mean": value, "k": config.neighbour_k, "rows": config.neighbour_sample,
-                                       "min": config.min_neighbour_overlap, "passes": passes}
+    ctx.record.neighbour_overlap = NeighbourOverlap(mean=value, k=config.neighbour_k, rows=config.neighbour_sample,
+                                                    min=config.min_neighbour_overlap, passes=passes)
     if passes:
         return []
     return [f"neighbour overlap {value:.3f} < min_neighbour_overlap {config.min_neighbour_overlap:g}: the correction "
@@ -489,27 +486,27 @@ def reject_fit(ctx: NightlyContext, reason: str) -> None:
     """After the gate refused the output: mark the fit this run saved ``rejected`` in its fit report
     (:func:`jobs.fit_or_reuse.mark_rejected`; kept, never reused), unless it is the artifact the output is served
     with (a refit of the same numbers). Records ``applied.rejected``."""
-    applied = ctx.record.get("applied") or {}
-    if not ctx.refitted or applied.get("artifact") == (ctx.previous or {}).get("artifact"):
+    applied = ctx.record.applied
+    if not ctx.refitted or applied.artifact == (ctx.previous or {}).get("artifact"):
         return
-    mark_rejected(applied["artifact"], ctx.record["run_id"], reason)
-    applied["rejected"] = True
+    mark_rejected(applied.artifact, ctx.record.run_id, reason)
+    applied.rejected = True
 
 
 def publish_output(ctx: NightlyContext, info: dict) -> None:
     """ONE Delta commit with the run's metadata; see :func:`anisotropy_spark.publish.publish`. A full rebuild is
     written as at most ``output_files`` data files (:mod:`anisotropy_spark.output_files`; ``counts.output_files``)."""
     config, rec = ctx.config, ctx.record
-    meta = {"run_id": rec["run_id"], "input_path": config.input, "input_version": ctx.ref.version,
-            "transform_version": ctx.transform_version, "artifact": rec["applied"]["artifact"], "method": ctx.method,
-            "config_hash": rec["config_hash"], "seq": ctx.state.next_seq, "mode": rec["mode"]}
+    meta = {"run_id": rec.run_id, "input_path": config.input, "input_version": ctx.ref.version,
+            "transform_version": ctx.transform_version, "artifact": rec.applied.artifact, "method": ctx.method,
+            "config_hash": rec.config_hash, "seq": ctx.state.next_seq, "mode": rec.mode}
     target = PublishTarget(config.output, config.id_col, config.app_id)
     candidate = ctx.candidate
     if ctx.new_rows is None:
         candidate = candidate.coalesce(ctx.output_files)
-        rec["counts"]["output_files"] = ctx.output_files
-    rec["output"]["version"] = publish(ctx.spark, target, candidate, ctx.new_rows, meta, ctx.state.version)
-    rec["status"] = "published"
+        rec.counts.output_files = ctx.output_files
+    rec.output.version = publish(ctx.spark, target, candidate, ctx.new_rows, meta, ctx.state.version)
+    rec.status = "published"
 
 
 def build_index(ctx: NightlyContext, info: dict) -> None:
@@ -517,13 +514,13 @@ def build_index(ctx: NightlyContext, info: dict) -> None:
     published (:func:`jobs.index.index_stage`; a refused verification leaves ``CURRENT`` on the previous index and
     the record says why). Recorded as ``index``."""
     config, rec = ctx.config, ctx.record
-    if config.index is None or rec["status"] != "published":
+    if config.index is None or rec.status != "published":
         return
     settings = dataclasses.replace(config.index, vector_col=config.out_col, id_col=config.id_col)
-    rec["index"] = index_stage(ctx.spark, settings, config.output, rec["output"]["version"], rec["applied"]["artifact"],
+    rec.index = index_stage(ctx.spark, settings, config.output, rec.output.version, rec.applied.artifact,
                                raw_table=(config.input, ctx.ref.version))
-    info["rows"] = rec["counts"].get("output_rows", 0)
-    (log.info if rec["index"]["status"] == "published" else log.warning)("index: %s", rec["index"].get("reason", ""))
+    info["rows"] = rec.counts.output_rows or 0
+    (log.info if rec.index["status"] == "published" else log.warning)("index: %s", rec.index.get("reason", ""))
 
 
 STAGES = (("read", read), ("validate", validate_input), ("diagnose", diagnose), ("decide", decide),
