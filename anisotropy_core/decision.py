@@ -43,22 +43,62 @@ Guards applied after the branch (each adds a reason or warning, never silently):
   the warning says it is artefact and signal at once ("neither prescription is right").
 * n < ``min_n_per_d``·d → warning that the spectrum (and any fit) is noisy; numerical rank < d → warning.
 
-``artefact`` is the per-direction test (:func:`anisotropy_core.artefact_evidence.direction_test`: ``{"directions":
-[{"index", "eigenvalue", "abs_corr", "abs_spearman", "p_adjusted", "label_separation", "label_p_adjusted"}…]}``);
-the older u1-only form (``{"abs_corr", "label_means"}``) is read as direction 1. A row without ``p_adjusted``
-(no null was run) is reported, never evidence.
+The inputs are typed: the moments' :class:`~anisotropy_core.diagnostics.Diagnosis`, the null A is measured from
+(``A_sign_null``), the artefact evidence (:class:`ArtefactEvidence`: the per-direction test of
+:func:`anisotropy_core.artefact_evidence.direction_test`, or the older u1-only form ``{"abs_corr", "label_means"}``,
+read as direction 1) and the mixture evidence (:class:`MixtureEvidence`). Both evidence types are the JSON-ready
+dicts their producers return and the reports carry, typed for what :func:`recommend` reads of them. A direction
+without ``p_adjusted`` (no null was run) is reported, never evidence.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any, TypedDict
 
 import numpy as np
 
 from .artefact_evidence import DEFAULT_ALPHA, DEFAULT_PERMUTATIONS
+from .diagnostics import Diagnosis
 from .methods import Method
 from .transforms import choose_directions, max_abs_corr, rule_of_thumb_d
+
+
+class ArtefactDirection(TypedDict, total=False):
+    """One principal direction of the artefact test, as :func:`recommend` reads it: its 1-based ``index`` and
+    ``eigenvalue``, |Pearson| / |Spearman| per metadata column (None: a constant column), the maxT-adjusted
+    ``p_adjusted`` (absent or None: no null was run), and the labels' ``label_separation`` (SDs of the projection)
+    with its ``label_p_adjusted``."""
+
+    index: int
+    eigenvalue: float
+    abs_corr: dict[str, float | None]
+    abs_spearman: dict[str, float | None]
+    p_adjusted: float | None
+    label_separation: float | None
+    label_p_adjusted: float | None
+
+
+class ArtefactEvidence(TypedDict, total=False):
+    """The artefact test of :func:`anisotropy_core.artefact_evidence.direction_test`: ``directions`` and its
+    permutation ``null`` (``label_column_given`` read here); or the older u1-only form: u1's ``abs_corr`` per
+    column and ``label_means`` ({label: u1 mean projection})."""
+
+    directions: list[ArtefactDirection]
+    null: dict[str, Any]
+    abs_corr: dict[str, float | None]
+    label_means: dict[str, float]
+
+
+class MixtureEvidence(TypedDict, total=False):
+    """Per-cluster diagnostics (:func:`anisotropy_core.clustering.cluster_diagnostics`, or
+    :func:`anisotropy_core.mixture_evidence.mixture_check`'s on a sample): ``clusters`` (one row per cluster,
+    ``induced_A_global_centring`` read here), ``locally_isotropic`` and, with the mixture null, ``mixture_p``."""
+
+    clusters: list[dict[str, Any]]
+    locally_isotropic: bool
+    mixture_p: float | None
+
 
 @dataclass(frozen=True)
 class DecisionThresholds:
@@ -159,7 +199,7 @@ def candidate_d(n: int, d: int, artefact_count: int, mp_count: int) -> list[int]
     return sorted(D for D in grid if 1 <= D <= limit)
 
 
-def artefact_directions(report: Mapping[str, Any], artefact: Mapping[str, Any] | None) -> list[dict]:
+def artefact_directions(diagnosis: Diagnosis, artefact: ArtefactEvidence | None) -> list[ArtefactDirection]:
     """The per-direction artefact rows of ``artefact`` (see the module docstring), the u1-only form read as
     direction 1 (label separation from its per-label mean projections over √λ₁; no null, so no evidence)."""
     if not artefact:
@@ -167,53 +207,53 @@ def artefact_directions(report: Mapping[str, Any], artefact: Mapping[str, Any] |
     if "directions" in artefact:
         return list(artefact["directions"])
     means = list(artefact.get("label_means", {}).values())
-    lam1 = float(np.asarray(report["spectrum"])[0])
+    lam1 = float(np.asarray(diagnosis.spectrum)[0])
     spread = (max(means) - min(means)) / math.sqrt(lam1) if len(means) >= 2 and lam1 > 0 else None
     return [{"index": 1, "eigenvalue": lam1, "abs_corr": dict(artefact.get("abs_corr", {})),
              "label_separation": spread}]
 
 
-def is_artefact(direction: Mapping[str, Any], t: DecisionThresholds) -> bool:
+def is_artefact(direction: ArtefactDirection, t: DecisionThresholds) -> bool:
     """True when the artefact test flags the direction: adjusted p < ``artefact_alpha`` and |Pearson| or
     |Spearman| with some column ≥ ``artefact_corr``. A row without ``p_adjusted`` (no null) is never evidence."""
     p = direction.get("p_adjusted")
     return p is not None and p < t.artefact_alpha and max_abs_corr(direction)[1] >= t.artefact_corr
 
 
-def carries_label(direction: Mapping[str, Any], t: DecisionThresholds) -> bool:
+def carries_label(direction: ArtefactDirection, t: DecisionThresholds) -> bool:
     """True when labels significantly separate along the direction: by at least ``label_separation`` SDs with
     an adjusted p < ``artefact_alpha`` (a separation without a null is never enough)."""
     spread, p = direction.get("label_separation"), direction.get("label_p_adjusted")
     return spread is not None and p is not None and p < t.artefact_alpha and spread >= t.label_separation
 
 
-def recommend(report: Mapping[str, Any], clusters: Mapping[str, Any] | None = None,
-              artefact: Mapping[str, Any] | None = None,
-              thresholds: DecisionThresholds = DecisionThresholds()) -> Recommendation:
+def recommend(diagnosis: Diagnosis, clusters: MixtureEvidence | None = None,
+              artefact: ArtefactEvidence | None = None,
+              thresholds: DecisionThresholds = DecisionThresholds(), *, A_sign_null: float = 0.0) -> Recommendation:
     """The chapter-9 decision for one corpus.
 
-    ``report``: :func:`anisotropy_core.diagnose` output (uses n, d, anisotropy_A, isotropic_sd, top1_var,
-    erank_frac, spectrum (d,), mp_above_upper, power_law_alpha, numerical_rank, and
-    ``A_sign_null`` when present). ``clusters``: optional
-    :func:`anisotropy_core.cluster_diagnostics.cluster_diagnostics` output (``{"global", "clusters": [row...],
-    "locally_isotropic"}``). ``artefact``: optional artefact test (per-direction or u1-only form, see the module
-    docstring). Returns a :class:`Recommendation` (see the module docstring for the branches, in order).
+    ``diagnosis``: :func:`anisotropy_core.diagnose` of the corpus (uses n, d, anisotropy_A, isotropic_sd,
+    top1_var, erank_frac, spectrum (d,), mp_above_upper, power_law_alpha, numerical_rank). ``clusters``: optional
+    mixture evidence. ``artefact``: optional artefact evidence (per-direction or u1-only form, see the module
+    docstring). ``A_sign_null``: the A the offset is measured from (0 for sign-symmetric data; the chapter-8
+    sign-structure null m²/s for non-negative data). Returns a :class:`Recommendation` (see the module docstring
+    for the branches, in order).
     """
-    t = thresholds
-    n, d = int(report["n"]), int(report["d"])
-    null = float(report.get("A_sign_null") or 0.0)
-    sigmas = (float(report["anisotropy_A"]) - null) / float(report["isotropic_sd"])
-    alpha, top1 = float(report["power_law_alpha"]), float(report["top1_var"])
-    above = int(report["mp_above_upper"])
+    t, report = thresholds, diagnosis
+    n, d = int(report.n), int(report.d)
+    null = float(A_sign_null or 0.0)
+    sigmas = (float(report.anisotropy_A) - null) / float(report.isotropic_sd)
+    alpha, top1 = float(report.power_law_alpha), float(report.top1_var)
+    above = int(report.mp_above_upper)
     rows = artefact_directions(report, artefact)
     flagged = [r for r in rows if is_artefact(r, t)]
     protected = sorted(int(r["index"]) for r in flagged if carries_label(r, t)) if t.protect_label_direction else []
-    removable, rule = choose_directions(report["spectrum"], n, d, "artefact", artefact_directions=[
+    removable, rule = choose_directions(report.spectrum, n, d, "artefact", artefact_directions=[
         r for r in flagged if int(r["index"]) not in protected], artefact_corr=t.artefact_corr)
     mp_count = min(above, t.max_D) if t.max_D is not None else above
-    k = whitening_k(report["spectrum"], n, t.whitening_variance)
+    k = whitening_k(report.spectrum, n, t.whitening_variance)
     evidence = {"A_in_isotropic_sds": sigmas, "A_null": null, "power_law_alpha": alpha, "top1_var": top1,
-                "mp_above_upper": above, "erank_frac": float(report["erank_frac"]),
+                "mp_above_upper": above, "erank_frac": float(report.erank_frac),
                 "artefact_directions": removable, "rule_of_thumb_D": rule_of_thumb_d(d),
                 "candidate_D": candidate_d(n, d, len(removable), mp_count), "whitening_k": k}
     steep = math.isfinite(alpha) and alpha >= t.steep_alpha
@@ -245,13 +285,13 @@ def recommend(report: Mapping[str, Any], clusters: Mapping[str, Any] | None = No
     return rec
 
 
-def _center_or_none(report: Mapping[str, Any], t: DecisionThresholds, sigmas: float, null: float, alpha: float,
+def _center_or_none(report: Diagnosis, t: DecisionThresholds, sigmas: float, null: float, alpha: float,
                     top1: float, concentrated: bool) -> Recommendation:
     """Branches 3 and 4: centring when the offset is real, else nothing; both delete no direction."""
     if sigmas > t.offset_sigmas:
         return Recommendation(Method.CENTER, reasons=[
-            f"the offset dominates: A = {report['anisotropy_A']:.4f} is {sigmas:.1f} isotropic SDs "
-            f"(1/√d = {report['isotropic_sd']:.4f}) above its null {null:.4f}; centring subtracts the mean and "
+            f"the offset dominates: A = {report.anisotropy_A:.4f} is {sigmas:.1f} isotropic SDs "
+            f"(1/√d = {report.isotropic_sd:.4f}) above its null {null:.4f}; centring subtracts the mean and "
             "deletes no direction (chapter 1/3: just centre)"])
     if concentrated:
         return Recommendation(Method.NONE, reasons=[
@@ -276,7 +316,8 @@ def _candidates_reason(t: DecisionThresholds, evidence: dict, steep: bool, spiky
             "Marchenko–Pastur edge is a null for sampling noise, not evidence that a direction is an artefact")
 
 
-def _artefact_reason(rows: list[dict], index: int, t: DecisionThresholds, artefact: Mapping[str, Any] | None) -> str:
+def _artefact_reason(rows: list[ArtefactDirection], index: int, t: DecisionThresholds,
+                     artefact: ArtefactEvidence | None) -> str:
     row = next(r for r in rows if int(r["index"]) == index)
     column, corr = max_abs_corr(row)
     label_given = bool((artefact or {}).get("null", {}).get("label_column_given")) or any(
@@ -288,7 +329,7 @@ def _artefact_reason(rows: list[dict], index: int, t: DecisionThresholds, artefa
             f"Marchenko–Pastur edge and {label}")
 
 
-def _not_evidence_reasons(rows: list[dict], t: DecisionThresholds) -> list[str]:
+def _not_evidence_reasons(rows: list[ArtefactDirection], t: DecisionThresholds) -> list[str]:
     """Directions whose |corr| reaches ``artefact_corr`` but that the test does not support: said, not used."""
     out = []
     for row in rows:
@@ -302,7 +343,7 @@ def _not_evidence_reasons(rows: list[dict], t: DecisionThresholds) -> list[str]:
     return out
 
 
-def _mixture(clusters: Mapping[str, Any] | None, t: DecisionThresholds, evidence: dict[str, Any],
+def _mixture(clusters: MixtureEvidence | None, t: DecisionThresholds, evidence: dict[str, Any],
              above: int) -> Recommendation | None:
     """Branch 1: the cluster-wise recommendation, or None when the clusters do not show a mixture."""
     if not clusters or len(clusters.get("clusters", [])) < 2:
@@ -329,7 +370,7 @@ def _mixture(clusters: Mapping[str, Any] | None, t: DecisionThresholds, evidence
         "(chapter 7: the mean belongs to nobody); it deletes no direction"])
 
 
-def _label_guards(rec: Recommendation, rows: list[dict], t: DecisionThresholds) -> None:
+def _label_guards(rec: Recommendation, rows: list[ArtefactDirection], t: DecisionThresholds) -> None:
     """Warn about every direction labels significantly separate along."""
     u1 = next((r for r in rows if int(r["index"]) == 1), None)
     column, corr = max_abs_corr(u1) if u1 else (None, 0.0)
@@ -347,10 +388,10 @@ def _label_guards(rec: Recommendation, rows: list[dict], t: DecisionThresholds) 
             f"removing u{j} would erase the label (chapter 7, failure one){both}")
 
 
-def _sample_warnings(rec: Recommendation, report: Mapping[str, Any], t: DecisionThresholds) -> None:
-    n, d = int(report["n"]), int(report["d"])
+def _sample_warnings(rec: Recommendation, report: Diagnosis, t: DecisionThresholds) -> None:
+    n, d = int(report.n), int(report.d)
     if n < t.min_n_per_d * d:
         rec.warnings.append(f"n = {n} < {t.min_n_per_d:g}·d = {t.min_n_per_d * d:g}: the spectrum and any "
                             "fitted transform are noisy (n should be ≫ d)")
-    if int(report["numerical_rank"]) < d:
-        rec.warnings.append(f"rank collapse: only {report['numerical_rank']} of {d} eigenvalues are nonzero")
+    if int(report.numerical_rank) < d:
+        rec.warnings.append(f"rank collapse: only {report.numerical_rank} of {d} eigenvalues are nonzero")

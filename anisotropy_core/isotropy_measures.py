@@ -167,15 +167,15 @@ def mp_effective_rank(n: int, d: int, grid: int = 4001) -> float:
     return float(d * np.exp(-(lam_log_lam / mean_lam - np.log(mean_lam))))
 
 
-def sampling_noise(report: Mapping, simulate_max_cells: int = 20_000_000, seed: int = 0) -> dict:
+def sampling_noise(report: Mapping, simulate_max_cells: int = 20_000_000, seed: int = 0, *,
+                   A_sign_null: float = 0.0) -> dict:
     """Is the report's finding larger than isotropic sampling noise at its n and d?
 
     ``report``: a :func:`~anisotropy_core.diagnostics.diagnose` dict (uses n, d, anisotropy_A,
     effective_rank). The null effective rank is simulated when n·d ≤ ``simulate_max_cells``, otherwise
     taken from the Marchenko–Pastur limit. Returns ``{"A_isotropic_se", "A_z", "A_exceeds_noise",
-    "null_effective_rank", "null_effective_rank_method", "erank_deficit"}`` where A_z = (A − A_null) / se,
-    A_null the report's ``A_sign_null`` when present (chapter 8: 1/π dense or q/2 sparse for non-negative
-    data; 0 for sign-symmetric data), and
+    "null_effective_rank", "null_effective_rank_method", "erank_deficit"}`` where A_z = (A − ``A_sign_null``) / se (chapter 8: 1/π
+    dense or q/2 sparse for non-negative data; 0 for sign-symmetric data), and
     ``erank_deficit`` = 1 − erank / null erank (≈ 0: the spectrum is as flat as noise allows).
     """
     n, d = int(report["n"]), int(report["d"])
@@ -184,7 +184,7 @@ def sampling_noise(report: Mapping, simulate_max_cells: int = 20_000_000, seed: 
         null_erank, method = null_effective_rank(n, d, trials=1, seed=seed)["mean"], "simulation"
     else:
         null_erank, method = mp_effective_rank(n, d), "marchenko-pastur"
-    a_z = (float(report["anisotropy_A"]) - float(report.get("A_sign_null") or 0.0)) / se
+    a_z = (float(report["anisotropy_A"]) - float(A_sign_null or 0.0)) / se
     return {"A_isotropic_se": se, "A_z": a_z, "A_exceeds_noise": bool(abs(a_z) > 3.0),
             "null_effective_rank": null_erank, "null_effective_rank_method": method,
             "erank_deficit": float(1.0 - report["effective_rank"] / null_erank)}

@@ -101,8 +101,8 @@ def main() -> None:
         def job(settings=config):
             result = run_diagnosis(spark, settings)
             write_outputs(spark, settings, result)
-            readers.add(next(stage["reader"] for stage in result["stages"] if stage["name"] == "moments"))
-            return result["metrics"]["top1_var"]
+            readers.add(next(stage["reader"] for stage in result.stages if stage["name"] == "moments"))
+            return result.metrics["top1_var"]
 
         def mllib():
             df = found.read(spark).select(array_to_vector("vector").alias("features"))

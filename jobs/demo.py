@@ -37,7 +37,7 @@ from jobs.config import load, parse_args
 from jobs.evaluation import evaluation_markdown
 from jobs.index import search_printout
 from jobs.nightly_config import NightlyConfig
-from jobs.run_records import applied_summary, applied_text
+from jobs.run_records import RunRecord, applied_summary, applied_text
 
 COMPARED = ["n", "d", "offset_ratio", "anisotropy_A", "top1_var", "top10_var", "effective_rank",
             "mp_above_upper", "power_law_alpha"]
@@ -110,21 +110,21 @@ def side_by_side(before: dict, after: dict) -> str:
     return "\n".join(lines)
 
 
-def agreement(diagnosis: dict, night: dict) -> list[str]:
+def agreement(diagnosis: diagnose_job.DiagnosisReport, night: RunRecord) -> list[str]:
     """Whether the diagnosis's verdict, its held-out evaluation, the night's own verdict and what the night applied
     agree, and where they differ, why (each a line)."""
-    verdict, night_verdict = diagnosis["recommendation"], night["recommendation"]
-    chosen = (diagnosis["evaluation"] or {}).get("chosen")
+    verdict, night_verdict = diagnosis.recommendation, night.recommendation
+    chosen = (diagnosis.evaluation or {}).get("chosen")
     applied = applied_summary(night)
     applied_name = applied["candidate"] or applied["method"]
-    if verdict["method"] == night_verdict["method"] == applied["method"] and chosen in (None, applied_name):
+    if verdict.method == night_verdict.method == applied["method"] and chosen in (None, applied_name):
         return [f"the diagnosis verdict, the evaluation and the nightly agree: {applied_name}"]
-    notes = [f"the diagnosis's label-free verdict is {verdict['method']}"
-             + (" (on significant artefact evidence)" if verdict.get("verified") and verdict["method"] == Method.ABTT
+    notes = [f"the diagnosis's label-free verdict is {verdict.method}"
+             + (" (on significant artefact evidence)" if verdict.verified and verdict.method == Method.ABTT
                 else " (it deletes and whitens nothing without evidence; the held-out evaluation decides)")]
-    if night_verdict["method"] != verdict["method"]:
-        notes.append(f"the night's own label-free verdict is {night_verdict['method']}: "
-                     + "; ".join(night_verdict["reasons"][:1]) + " (the nightly's mixture check runs k-means with its "
+    if night_verdict.method != verdict.method:
+        notes.append(f"the night's own label-free verdict is {night_verdict.method}: "
+                     + "; ".join(night_verdict.reasons[:1]) + " (the nightly's mixture check runs k-means with its "
                      "own cluster_k on its sample, the diagnosis's per-cluster table with the diagnosis's cluster_k)")
     if chosen is not None:
         notes.append(f"the diagnosis's held-out evaluation chose {chosen}")
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     nightly = load(NightlyConfig, config.nightly_conf, {"input": config.corpus_table, "evaluation": evaluation,
                                                         "index": {"index_dir": config.index_dir}})
     nights = [nightly_job.run_recorded(spark, nightly)[0] for _ in (1, 2)]
-    published = next((night for night in nights if night["status"] == "published"), nights[0])
+    published = next((night for night in nights if night.status == "published"), nights[0])
 
     corrected = dataclasses.replace(diagnosis, input=nightly.output, vector_col=nightly.out_col, evaluation=None,
                                     output_dir=storage.join(diagnosis.output_dir, "corrected"))
@@ -162,14 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(f"- {note}" for note in applied["notes"]))
     print(f"\nreport: {storage.join(diagnosis.output_dir, 'report.html')}")
     print("\n## The nightly's candidates, scored on held-out queries (same-chapter neighbours of every sentence)\n\n"
-          + evaluation_markdown(published["evaluation"]))
+          + evaluation_markdown(published.evaluation))
     print("\n" + report)
-    print("\n## Before / after the published night\n\n" + side_by_side(before["metrics"], after["metrics"]))
+    print("\n## Before / after the published night\n\n" + side_by_side(before.metrics, after.metrics))
     for night, record in enumerate(nights, 1):
-        print(f"\nnightly run {night}: {record['status']} — {record['reason']}; {nightly.output} is at Delta version "
+        print(f"\nnightly run {night}: {record.status} — {record.reason}; {nightly.output} is at Delta version "
               f"{output_state(spark, nightly.output).version}; run record "
-              f"{storage.join(nightly.runs_dir, record['run_id'] + '.json')}")
-    index = published.get("index") or {}
+              f"{storage.join(nightly.runs_dir, record.run_id + '.json')}")
+    index = published.index or {}
     print(f"\n## The corpus index: {index.get('status', 'not built')}" + (f" ({index['reason']})" if index.get("reason") else "")
           + "\n")
     print(search_printout(spark, Searcher.load(config.index_dir), config.corpus_table, config.search_id))

@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
 if __package__ in (None, ""):  # spark-submit runs this file as a script: make the project importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -26,7 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from anisotropy_core import storage
 from anisotropy_core.artefact_evidence import DEFAULT_DIRECTIONS, sample_artefact_test
-from anisotropy_core.decision import DecisionThresholds, recommend
+from anisotropy_core.decision import ArtefactEvidence, DecisionThresholds, Recommendation, recommend
 from anisotropy_core.diagnostics import Diagnosis, diagnose, plain_scalar
 from anisotropy_core.isotropy_measures import (
     isoscore_from_spectrum,
@@ -39,7 +39,7 @@ from anisotropy_core.mixture_evidence import mixture_check
 from anisotropy_core.report import CLUSTER_KEYS, cell_text, write_report_assets
 from anisotropy_spark.contract import require_schema
 from anisotropy_spark.diagnostics import drawn_or_sampled, pair_alignment
-from anisotropy_spark.io import as_vector_array, read_table, validate
+from anisotropy_spark.io import TableRef, as_vector_array, read_table, validate
 from anisotropy_spark.kmeans import fit_kmeans, spark_cluster_diagnostics
 from anisotropy_spark.row_sample import RowSample
 from anisotropy_spark.session import get_spark
@@ -57,8 +57,22 @@ from jobs.stage_log import timed_stage
 
 log = logging.getLogger("anisotropy.diagnose")
 
-# the diagnosis's scalars, then the measures this job adds from the sample and the null models
-EXTRA_METRICS = ("isoscore", "A_noise_z", "null_effective_rank", "A_sign_null", "partition_ratio", "uniformity")
+
+@dataclasses.dataclass(frozen=True)
+class ExtraMetrics:
+    """The scalar measures this job adds to the moments' :class:`~anisotropy_core.diagnostics.Diagnosis`, from the
+    spectrum, the driver sample and the null models (meanings: :data:`METRIC_MEANINGS`)."""
+
+    isoscore: float
+    A_noise_z: float
+    null_effective_rank: float
+    A_sign_null: float
+    partition_ratio: float
+    uniformity: float
+
+
+EXTRA_METRICS = tuple(f.name for f in dataclasses.fields(ExtraMetrics))
+# the diagnosis's scalars, then the measures this job adds
 SCALAR_METRICS = Diagnosis.scalar_names() + EXTRA_METRICS
 # the diagnosis's arrays that report.json carries (the (d, d) principal directions stay out)
 REPORT_ARRAYS = ("power_law_range", "spectrum", "u1", "mean")
@@ -130,9 +144,83 @@ class DiagnoseConfig(InputSettings):
         return problems + [f"decision.{p}" for p in self.decision.check()]
 
 
-def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
+@dataclasses.dataclass(frozen=True)
+class DriverSample:
+    """A uniform random sample of at most ``sample_size`` valid rows, held on the driver: ``vectors`` (m, d) and the
+    ``metadata`` columns drawn with them ({column: (m,)}). The artefact test, the sampled measures and the pictures
+    read it; no report serialises it."""
+
+    vectors: np.ndarray
+    metadata: dict[str, np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class DiagnosisReport:
+    """One run of the diagnosis job: the moments' ``diagnosis`` as :func:`anisotropy_core.diagnose` returned it,
+    the ``extra`` measures, the ``recommendation`` and the evidence behind it, in memory and typed.
+
+    ``run_id``, ``created_at`` (ISO-8601, UTC), ``input`` (the table read, at its pinned version), ``config_hash``,
+    ``invalid_rows`` and ``invalid_by_reason`` (set aside by the input contract), ``stages`` (one timing record per
+    stage), ``evaluation`` (:func:`jobs.evaluation.run_evaluation`'s record, or None), ``sampling_noise`` and
+    ``sign_structure`` (:mod:`anisotropy_core.isotropy_measures`), ``artefact`` (the artefact test of the sample),
+    ``per_cluster`` (with ``cluster_k``, else None), ``alignment`` (with ``pairs``, else None) and ``sample`` (the
+    :class:`DriverSample`, never serialised).
+
+    :meth:`to_json` is its one serialisation: ``report.json``, and what :func:`markdown_summary` renders.
+    """
+
+    run_id: str
+    created_at: str
+    input: TableRef
+    config_hash: str
+    invalid_rows: int
+    invalid_by_reason: dict[str, int]
+    diagnosis: Diagnosis
+    extra: ExtraMetrics
+    stages: list[dict]
+    recommendation: Recommendation
+    evaluation: dict | None
+    sampling_noise: dict
+    sign_structure: dict
+    artefact: ArtefactEvidence
+    per_cluster: dict | None
+    alignment: dict | None
+    sample: DriverSample = dataclasses.field(repr=False, compare=False)
+
+    @property
+    def metrics(self) -> dict[str, int | float | None]:
+        """{metric: plain Python number, None where undefined} of every :data:`SCALAR_METRICS` name."""
+        values = {**self.diagnosis.scalars(),
+                  **{k: plain_scalar(v) for k, v in dataclasses.asdict(self.extra).items()}}
+        return {k: defined(v) for k, v in values.items()}
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON-ready report (``report.json``): every field but ``sample``; the diagnosis as ``metrics`` (with
+        the extra measures) and its :data:`REPORT_ARRAYS` as lists; ``sample_size`` = the sample's rows."""
+        return {
+            "run_id": self.run_id,
+            "created_at": self.created_at,
+            "input": dataclasses.asdict(self.input),
+            "config_hash": self.config_hash,
+            "invalid_rows": self.invalid_rows,
+            "invalid_by_reason": self.invalid_by_reason,
+            "metrics": self.metrics,
+            "stages": self.stages,
+            "recommendation": self.recommendation.to_dict(),
+            "evaluation": self.evaluation,
+            "sampling_noise": self.sampling_noise,
+            "sign_structure": self.sign_structure,
+            "sample_size": int(self.sample.vectors.shape[0]),
+            **{name: np.asarray(getattr(self.diagnosis, name)).tolist() for name in REPORT_ARRAYS},
+            "artefact": self.artefact,
+            "per_cluster": self.per_cluster,
+            "alignment": self.alignment,
+        }
+
+
+def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> DiagnosisReport:
     """Read, validate, diagnose, run the per-direction artefact test, recommend a correction and (with an
-    ``evaluation`` block) score every candidate; returns the full JSON-ready report.
+    ``evaluation`` block) score every candidate; returns the :class:`DiagnosisReport`.
 
     Passes over the table: a count (from Delta's file statistics on a Delta table), the moments pass (which also
     checks every row against the input contract and draws the random sample), the duplicate-id aggregate over the
@@ -144,9 +232,8 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
     in Spark tasks where it can, ``vector_reader``, :mod:`anisotropy_spark.table_files`) and the sample stage's
     where its rows came from (``source``).
 
-    The result's private ``_sample`` entry holds (vectors (m, d), {metadata column: (m,)}), a random sample of
-    at most ``sample_size`` valid rows used for the artefact test, the in-memory measures and the pictures; it is
-    not serialised.
+    The report's ``sample`` (:class:`DriverSample`) is the random sample of at most ``sample_size`` valid rows the
+    artefact test, the sampled measures and the pictures use.
     """
     vector_col, id_col = config.vector_col, config.id_col
     timings: list[dict] = []
@@ -173,7 +260,7 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
         artefact = artefact_of_sample(vectors_drawn, columns, report, config.metadata_cols, config.label_col,
                                       config.artefact_directions, config.decision, config.seed)
         info["rows"] = int(vectors_drawn.shape[0])
-    sample = (vectors_drawn, {c: columns[c] for c in config.metadata_cols})
+    sample = DriverSample(vectors_drawn, {c: columns[c] for c in config.metadata_cols})
     per_cluster = None
     if config.cluster_k:
         with timed_stage(log, timings, "clusters") as info:
@@ -190,38 +277,24 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> dict:
     if config.pairs:
         with timed_stage(log, timings, "alignment"):
             aligned = pair_alignment(valid, vector_col, id_col, read_table(spark, config.pairs)[0])
-    sign_null = sign_structure_null(sample[0])
-    noise = sampling_noise({**report, "A_sign_null": sign_null["null"]})   # A_z measured from the sign null
-    extra = {"isoscore": isoscore_from_spectrum(report.spectrum), "A_noise_z": noise["A_z"],
-             "null_effective_rank": noise["null_effective_rank"], "A_sign_null": sign_null["null"],
-             "partition_ratio": partition_ratio(sample[0])["I"], "uniformity": uniformity(sample[0])["uniformity"]}
-    recommendation = recommend({**report, **extra}, per_cluster, artefact, config.decision)
+    sign_null = sign_structure_null(sample.vectors)
+    noise = sampling_noise(report, A_sign_null=sign_null["null"])   # A_z measured from the sign null
+    extra = ExtraMetrics(isoscore=isoscore_from_spectrum(report.spectrum), A_noise_z=noise["A_z"],
+                         null_effective_rank=noise["null_effective_rank"], A_sign_null=sign_null["null"],
+                         partition_ratio=partition_ratio(sample.vectors)["I"],
+                         uniformity=uniformity(sample.vectors)["uniformity"])
+    recommendation = recommend(report, per_cluster, artefact, config.decision, A_sign_null=extra.A_sign_null)
     evaluation = None
     if config.evaluation and config.evaluation.active:
         with timed_stage(log, timings, "evaluation") as info:
             evaluation, _, _ = run_evaluation(spark, valid, vector_col, id_col, d, state, recommendation,
                                               config.evaluation, config.decision)
-    metrics = {**report.scalars(), **{k: plain_scalar(extra[k]) for k in EXTRA_METRICS}}
-    return {
-        "run_id": uuid.uuid4().hex,
-        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        "input": dataclasses.asdict(ref),
-        "config_hash": config_hash(config),
-        "invalid_rows": checked.invalid_count,
-        "invalid_by_reason": checked.invalid_by_reason,
-        "metrics": {k: defined(v) for k, v in metrics.items()},
-        "stages": timings,
-        "recommendation": recommendation.to_dict(),
-        "evaluation": evaluation,
-        "sampling_noise": noise,
-        "sign_structure": sign_null,
-        "sample_size": int(sample[0].shape[0]),
-        **{name: np.asarray(report[name]).tolist() for name in REPORT_ARRAYS},
-        "artefact": artefact,
-        "per_cluster": per_cluster,
-        "alignment": aligned,
-        "_sample": sample,
-    }
+    return DiagnosisReport(
+        run_id=uuid.uuid4().hex, created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(), input=ref,
+        config_hash=config_hash(config), invalid_rows=checked.invalid_count,
+        invalid_by_reason=checked.invalid_by_reason, diagnosis=report, extra=extra, stages=timings,
+        recommendation=recommendation, evaluation=evaluation, sampling_noise=noise, sign_structure=sign_null,
+        artefact=artefact, per_cluster=per_cluster, alignment=aligned, sample=sample)
 
 
 def sampled_columns(config) -> list[str]:
@@ -229,8 +302,9 @@ def sampled_columns(config) -> list[str]:
     return list(dict.fromkeys(config.metadata_cols + ([config.label_col] if config.label_col else [])))
 
 
-def artefact_of_sample(vectors: np.ndarray, columns: dict, report, metadata_cols: list[str], label_col: str | None,
-                       directions: int, decision: DecisionThresholds, seed: int) -> dict:
+def artefact_of_sample(vectors: np.ndarray, columns: dict, report: Diagnosis, metadata_cols: list[str],
+                       label_col: str | None, directions: int, decision: DecisionThresholds,
+                       seed: int) -> ArtefactEvidence:
     """The per-direction artefact test (:func:`anisotropy_core.artefact_evidence.sample_artefact_test`) of the driver
     sample, with the decision's thresholds (``artefact_alpha``, ``artefact_permutations``, ``artefact_corr``,
     ``label_separation``) and ``seed``."""
@@ -258,7 +332,8 @@ def per_cluster_table(valid: DataFrame, config: DiagnoseConfig, dimension: int, 
 
 
 def markdown_summary(result: dict) -> str:
-    """Human-readable report: one table of metrics with their meaning, then the artefact test."""
+    """Human-readable report of ``result`` (:meth:`DiagnosisReport.to_json`): one table of metrics with their
+    meaning, then the artefact test."""
     m = result["metrics"]
     ref = result["input"]
     lines = [f"# Anisotropy diagnosis of `{ref['path']}`" + (f" (Delta version {ref['version']})" if ref["version"] is not None else ""),
@@ -348,12 +423,12 @@ def cluster_markdown(table: dict) -> str:
     return "\n".join(lines + ["", verdict])
 
 
-def append_metrics_row(spark: SparkSession, table: str, result: dict) -> None:
+def append_metrics_row(spark: SparkSession, table: str, result: DiagnosisReport) -> None:
     """Append one row (run id, time, input path + version, config hash, scalar metrics) to a Delta table."""
-    row = {"run_id": result["run_id"], "created_at": datetime.datetime.fromisoformat(result["created_at"]),
-           "input_path": result["input"]["path"], "input_version": result["input"]["version"],
-           "config_hash": result["config_hash"], "invalid_rows": result["invalid_rows"]}
-    row.update({k: v if v is None or k in INTEGER_METRICS else float(v) for k, v in result["metrics"].items()})
+    row = {"run_id": result.run_id, "created_at": datetime.datetime.fromisoformat(result.created_at),
+           "input_path": result.input.path, "input_version": result.input.version,
+           "config_hash": result.config_hash, "invalid_rows": result.invalid_rows}
+    row.update({k: v if v is None or k in INTEGER_METRICS else float(v) for k, v in result.metrics.items()})
     schema = ("run_id string, created_at timestamp, input_path string, input_version long, config_hash string, "
               "invalid_rows long, " + ", ".join(
                   f"{k} {'long' if k in INTEGER_METRICS else 'double'}" for k in SCALAR_METRICS))
@@ -361,25 +436,26 @@ def append_metrics_row(spark: SparkSession, table: str, result: dict) -> None:
      .option("mergeSchema", "true").save(table))    # a metric added by a newer version becomes a new column
 
 
-def write_outputs(spark: SparkSession, config: DiagnoseConfig, result: dict, before: dict | None = None,
-                  applied: dict | None = None) -> str:
-    """Write report.json / report.md, the PNGs + report.html, and the metrics row; returns the Markdown.
+def write_outputs(spark: SparkSession, config: DiagnoseConfig, result: DiagnosisReport,
+                  before: DiagnosisReport | None = None, applied: dict | None = None) -> str:
+    """Write report.json (:meth:`DiagnosisReport.to_json`) / report.md, the PNGs + report.html, and the metrics row;
+    returns the Markdown.
 
-    ``before``: the result of diagnosing the same corpus before a transform (adds before/after panels).
+    ``before``: the report of the same corpus before a transform (adds before/after panels).
     ``applied``: ``{"headline", "notes"}`` of a run that applied a correction to this corpus: the page and the
     Markdown open with it.
     """
-    storage.write_atomic(storage.join(config.output_dir, "report.json"),
-                         json.dumps({k: v for k, v in result.items() if not k.startswith("_")}, indent=2, default=str))
-    vectors, metadata = result["_sample"]
-    write_report_assets(picture_report(result), config.output_dir, samples=vectors, metadata=metadata or None,
+    data = result.to_json()
+    storage.write_atomic(storage.join(config.output_dir, "report.json"), json.dumps(data, indent=2, default=str))
+    write_report_assets(picture_report(result), config.output_dir, samples=result.sample.vectors,
+                        metadata=result.sample.metadata or None,
                         before=picture_report(before) if before else None,
-                        before_samples=before["_sample"][0] if before else None,
-                        title=f"Anisotropy report: {result['input']['path']}",
-                        artefact_directions=result["artefact"].get("directions"), meanings=METRIC_MEANINGS,
-                        verdict=result["recommendation"], evaluation=result["evaluation"],
-                        clusters=result["per_cluster"], applied=applied)
-    summary = markdown_summary(result)
+                        before_samples=before.sample.vectors if before else None,
+                        title=f"Anisotropy report: {result.input.path}",
+                        artefact_directions=result.artefact.get("directions"), meanings=METRIC_MEANINGS,
+                        verdict=data["recommendation"], evaluation=result.evaluation,
+                        clusters=result.per_cluster, applied=applied)
+    summary = markdown_summary(data)
     if applied:
         summary = "\n".join([f"**{applied['headline']}**", *[f"- {note}" for note in applied["notes"]], "", summary])
     storage.write_atomic(storage.join(config.output_dir, "report.md"), summary)
@@ -388,10 +464,10 @@ def write_outputs(spark: SparkSession, config: DiagnoseConfig, result: dict, bef
     return summary
 
 
-def picture_report(result: dict) -> dict:
+def picture_report(result: DiagnosisReport) -> dict:
     """The flat report shape the pictures read: scalar metrics plus spectrum, u1 and mean as arrays."""
-    return {**result["metrics"], **{k: np.asarray(result[k]) for k in ("spectrum", "u1", "mean")},
-            "power_law_range": result["power_law_range"]}
+    return {**result.metrics, **{k: np.asarray(getattr(result.diagnosis, k)) for k in ("spectrum", "u1", "mean")},
+            "power_law_range": list(result.diagnosis.power_law_range)}
 
 
 def main(argv: list[str] | None = None) -> int:

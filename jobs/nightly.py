@@ -34,13 +34,13 @@ from jobs.config import ConfigError, parse_args
 from jobs.gate import GateError
 from jobs.nightly_config import NightlyConfig
 from jobs.nightly_stages import NightlyContext
-from jobs.run_records import new_record, start_record, write_record
+from jobs.run_records import RunRecord, new_record, start_record, write_record
 from jobs.stage_log import timed_stage
 
 log = logging.getLogger("anisotropy.nightly")
 
 
-def run_nightly(spark: SparkSession, config: NightlyConfig, ctx: NightlyContext | None = None) -> dict:
+def run_nightly(spark: SparkSession, config: NightlyConfig, ctx: NightlyContext | None = None) -> RunRecord:
     """Run every stage of :data:`jobs.nightly_stages.STAGES` on one context; returns the run record (status
     ``published`` or ``noop``). Raises what a stage raises (the record says how far the run got)."""
     ctx = ctx or NightlyContext(spark, config, new_record(config))
@@ -48,10 +48,10 @@ def run_nightly(spark: SparkSession, config: NightlyConfig, ctx: NightlyContext 
     with ctx.cleanup:
         try:
             for position, (name, stage) in enumerate(stages, 1):
-                with timed_stage(log, ctx.record["stages"], name, f"{position}/{len(stages)}") as info:
+                with timed_stage(log, ctx.record.stages, name, f"{position}/{len(stages)}") as info:
                     stage(ctx, info)
                 if ctx.finished:
-                    log.info("no-op: %s", ctx.record["reason"])
+                    log.info("no-op: %s", ctx.record.reason)
                     break
         except GateError as exc:
             nightly_stages.reject_fit(ctx, str(exc))
@@ -59,20 +59,20 @@ def run_nightly(spark: SparkSession, config: NightlyConfig, ctx: NightlyContext 
     return ctx.record
 
 
-def rollback(spark: SparkSession, config: NightlyConfig, version: int, ctx: NightlyContext) -> dict:
+def rollback(spark: SparkSession, config: NightlyConfig, version: int, ctx: NightlyContext) -> RunRecord:
     """RESTORE the output to ``version`` (one commit recording the rollback and the restored publish)."""
     rec, state = ctx.record, output_state(spark, config.output)
     if state.version is None:
         raise ConfigError(f"--rollback-to: {config.output} is not a Delta table")
     if not 0 <= version < state.version:
         raise ConfigError(f"--rollback-to {version}: must be an earlier version, 0..{state.version - 1}")
-    meta = {"rollback_to": version, "run_id": rec["run_id"], "restored": meta_at(spark, config.output, version),
+    meta = {"rollback_to": version, "run_id": rec.run_id, "restored": meta_at(spark, config.output, version),
             "from_version": state.version}
-    with timed_stage(log, rec["stages"], "rollback"):
+    with timed_stage(log, rec.stages, "rollback"):
         new_version = restore(spark, config.output, version, meta)
-    rec.update(status="rolled_back", mode="rollback",
-               reason=f"restored version {version} (was {state.version}) as version {new_version}")
-    rec["output"].update(previous_version=state.version, version=new_version)
+    rec.status, rec.mode = "rolled_back", "rollback"
+    rec.reason = f"restored version {version} (was {state.version}) as version {new_version}"
+    rec.output.previous_version, rec.output.version = state.version, new_version
     return rec
 
 
@@ -86,7 +86,8 @@ def parse_cli(argv: list[str] | None) -> tuple[NightlyConfig, int | None]:
     return config, known.rollback_to
 
 
-def run_recorded(spark: SparkSession, config: NightlyConfig, rollback_to: int | None = None) -> tuple[dict, int]:
+def run_recorded(spark: SparkSession, config: NightlyConfig,
+                 rollback_to: int | None = None) -> tuple[RunRecord, int]:
     """One nightly run (or a rollback) with its run records, as ``anisotropy nightly`` runs it: a ``started`` record
     first, the final record at the end (also of a refused or failed run). Returns (the record, the exit code);
     an unexpected error is re-raised after its ``failed`` record is written."""
@@ -94,17 +95,17 @@ def run_recorded(spark: SparkSession, config: NightlyConfig, rollback_to: int | 
     start_record(spark, config, ctx.record)
     try:
         record = rollback(spark, config, rollback_to, ctx) if rollback_to is not None else run_nightly(spark, config, ctx)
-        status = record["status"]
+        status = record.status
     except Exception as exc:  # noqa: BLE001 — classified, recorded; anything unexpected re-raised after recording
         status = classify(exc)
         if status is None:
-            ctx.record.update(status="failed", reason=f"{type(exc).__name__}: {exc}")
+            ctx.record.status, ctx.record.reason = "failed", f"{type(exc).__name__}: {exc}"
             write_record(spark, config, ctx.record)
             raise
-        ctx.record["reason"] = describe(exc)
-    ctx.record["status"] = status
+        ctx.record.reason = describe(exc)
+    ctx.record.status = status
     write_record(spark, config, ctx.record)
-    (log.info if EXIT[status] == 0 else log.error)("nightly %s: %s", status, ctx.record["reason"] or "")
+    (log.info if EXIT[status] == 0 else log.error)("nightly %s: %s", status, ctx.record.reason or "")
     return ctx.record, EXIT[status]
 
 
@@ -117,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT["config_error"]
     spark = get_spark("anisotropy-nightly", master=config.master)
     record, code = run_recorded(spark, config, rollback_to)
-    print(json.dumps({k: record[k] for k in ("run_id", "status", "mode", "reason", "input", "output")}, default=str))
+    data = record.to_json()
+    print(json.dumps({k: data[k] for k in ("run_id", "status", "mode", "reason", "input", "output")}, default=str))
     return code
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from typing import Any
 
 import numpy as np
 from pyspark import StorageLevel
@@ -18,7 +17,7 @@ from pyspark.sql import functions as F
 from anisotropy_core.artifact import ArtifactError, load_artifact
 from anisotropy_core.candidates import PUBLISHED, refuse_explicit
 from anisotropy_core.cluster_recenter import ClusterRecenter
-from anisotropy_core.decision import Recommendation, recommend
+from anisotropy_core.decision import ArtefactEvidence, MixtureEvidence, Recommendation, recommend
 from anisotropy_core.diagnostics import Diagnosis
 from anisotropy_core.diagnostics import diagnose as diagnose_moments
 from anisotropy_core.methods import Method
@@ -66,53 +65,92 @@ from jobs.fit_or_reuse import (
 from jobs.gate import GateError, gate
 from jobs.index import index_stage
 from jobs.nightly_config import NightlyConfig, check_against_data
-from jobs.run_records import json_safe
+from jobs.run_records import Applied, NeighbourOverlap, RunRecord, ServingArtifact
 
 log = logging.getLogger("anisotropy.nightly")
 
 
 @dataclasses.dataclass
-class NightlyContext:
-    """Everything one run knows, filled in stage by stage. ``record`` is the JSON-ready run record;
-    ``cleanup`` releases cached data when the run ends; ``finished`` stops the run early (no-op)."""
+class TableState:
+    """What the read and validate stages found: the input pinned (``ref``) and its DataFrame (``input_df``), the
+    ``output_state`` of the output table when the run read it, the validation's result (``checked``), its ``valid``
+    rows and their ``moments``."""
 
-    spark: SparkSession
-    config: NightlyConfig
-    record: dict[str, Any]
-    cleanup: contextlib.ExitStack = dataclasses.field(default_factory=contextlib.ExitStack)
-    finished: bool = False
     ref: TableRef | None = None
     input_df: DataFrame | None = None
-    state: OutputState | None = None
+    output_state: OutputState | None = None
     checked: ValidatedInput | None = None
     valid: DataFrame | None = None
     moments: Moments | None = None
+
+
+@dataclasses.dataclass
+class Findings:
+    """What the diagnose, decide and evaluate stages know: the ``report`` of the valid rows' moments, the
+    ``artefact`` test and the mixture check's ``clusters`` (with the ``sample_centroids`` of its k-means) of the
+    sample, the full ``cluster_recenter`` candidate fitted from them, the ``recommendation`` and the held-out
+    ``evaluation`` record (None: no evaluation chose)."""
+
     report: Diagnosis | None = None
-    artefact: dict | None = None
-    clusters: dict | None = None
+    artefact: ArtefactEvidence | None = None
+    clusters: MixtureEvidence | None = None
     sample_centroids: np.ndarray | None = None
     cluster_recenter: ClusterRecenter | None = None
     recommendation: Recommendation | None = None
     evaluation: dict | None = None
+
+
+@dataclasses.dataclass
+class FitState:
+    """The transform the run applies: the evaluation's ``chosen`` candidate (None: no evaluation chose) with its
+    ``chosen_transform`` and ``chosen_params``; the ``method`` applied, its ``model`` (None: method none), the
+    ``transform_version``, the output dimension ``d_out`` and whether the fit stage ``refitted``."""
+
     chosen: str | None = None
     chosen_transform: FittedTransform | None = None
     chosen_params: dict | None = None
-    neighbour_overlap: float | None = None
     method: str = Method.NONE
     model: CorrectionModel | None = None
     transform_version: str = "none"
     d_out: int = 0
     refitted: bool = False
+
+
+@dataclasses.dataclass
+class OutputFacts:
+    """The would-be output and what the gate reads of it: the ``candidate`` plan, the incremental ``new_rows``
+    (None: a full rebuild) or a full rebuild's data ``files``, the output's scalar ``metrics`` or the ``error`` that
+    stopped its diagnosis, and the ``neighbour_overlap`` of the correction."""
+
     candidate: DataFrame | None = None
     new_rows: DataFrame | None = None
-    output_metrics: dict | None = None
-    output_error: str | None = None
-    output_files: int | None = None
+    files: int | None = None
+    metrics: dict | None = None
+    error: str | None = None
+    neighbour_overlap: float | None = None
+
+
+@dataclasses.dataclass
+class NightlyContext:
+    """Everything one run knows, filled in stage by stage, by concern: the ``table`` read and validated, the
+    ``findings`` (diagnosis, evidence, decision), the ``fit`` applied, the ``output`` gated, and the ``record``
+    (:class:`~jobs.run_records.RunRecord`).
+    ``cleanup`` releases cached data when the run ends; ``finished`` stops the run early (no-op)."""
+
+    spark: SparkSession
+    config: NightlyConfig
+    record: RunRecord
+    cleanup: contextlib.ExitStack = dataclasses.field(default_factory=contextlib.ExitStack)
+    finished: bool = False
+    table: TableState = dataclasses.field(default_factory=TableState)
+    findings: Findings = dataclasses.field(default_factory=Findings)
+    fit: FitState = dataclasses.field(default_factory=FitState)
+    output: OutputFacts = dataclasses.field(default_factory=OutputFacts)
 
     @property
     def previous(self) -> dict | None:
         """The publish metadata of the output's current state (None: nothing published yet)."""
-        return self.state.meta if self.state else None
+        return self.table.output_state.meta if self.table.output_state else None
 
 
 def read(ctx: NightlyContext, info: dict) -> None:
@@ -120,46 +158,46 @@ def read(ctx: NightlyContext, info: dict) -> None:
     (:func:`check_serving`); stop (no-op) when the output already holds that input version with this config and
     its artifact passed the check. A failed check is no no-op: the run refits (the fit stage cannot reuse the
     artifact) and republishes, the record saying why."""
-    config, rec = ctx.config, ctx.record
-    ctx.input_df, ctx.ref = read_table(ctx.spark, config.input)
-    if ctx.ref.format != "delta":
+    config, rec, table = ctx.config, ctx.record, ctx.table
+    table.input_df, table.ref = read_table(ctx.spark, config.input)
+    if table.ref.format != "delta":
         raise ConfigError(f"input: {config.input} is not a Delta table (the nightly job pins a Delta version)")
-    require_schema(ctx.input_df.columns, config.named_columns())      # every named column, before any pass
-    rec["input"]["version"] = ctx.ref.version
-    ctx.state = output_state(ctx.spark, config.output)
-    rec["output"]["previous_version"] = ctx.state.version
+    require_schema(table.input_df.columns, config.named_columns())      # every named column, before any pass
+    rec.input.version = table.ref.version
+    table.output_state = output_state(ctx.spark, config.output)
+    current = rec.output.previous_version = table.output_state.version
     previous = ctx.previous
     problem = check_serving(ctx)
-    if previous and previous.get("input_path") == config.input and previous.get("input_version") == ctx.ref.version \
-            and previous.get("config_hash") == rec["config_hash"]:
+    if previous and previous.get("input_path") == config.input and previous.get("input_version") == table.ref.version \
+            and previous.get("config_hash") == rec.config_hash:
         if problem is not None:
-            rec["reason"] = (f"not a no-op: output version {ctx.state.version} already holds input version "
-                             f"{ctx.ref.version}, but its artifact failed the check ({problem}): refit and republish")
-            log.warning("%s", rec["reason"])
+            rec.reason = (f"not a no-op: output version {current} already holds input version {table.ref.version}, "
+                          f"but its artifact failed the check ({problem}): refit and republish")
+            log.warning("%s", rec.reason)
             return
-        rec.update(status="noop", mode="noop", reason=(
-            f"output version {ctx.state.version} already holds input version {ctx.ref.version} with this config "
-            f"(run {previous['run_id']}, transform {previous.get('transform_version')}, artifact verified)"))
-        rec["output"]["version"] = ctx.state.version
+        rec.status, rec.mode, rec.reason = "noop", "noop", (
+            f"output version {current} already holds input version {table.ref.version} with this config "
+            f"(run {previous['run_id']}, transform {previous.get('transform_version')}, artifact verified)")
+        rec.output.version = current
         ctx.finished = True
 
 
 def check_serving(ctx: NightlyContext) -> str | None:
     """Load and verify the artifact of the output's current state (:func:`jobs.fit_or_reuse.serving_artifact`:
     its content hash, and the transform version its rows carry); record the result as ``serving_artifact``
-    ({path, transform_version, verified[, problem]}; None when the state has no artifact). Returns the problem,
-    or None."""
+    (:class:`~jobs.run_records.ServingArtifact`; None when the state has no artifact). Returns the problem, or
+    None."""
     previous = ctx.previous or {}
     if not previous.get("artifact"):
-        ctx.record["serving_artifact"] = None
+        ctx.record.serving_artifact = None
         return None
-    checked = {"path": previous["artifact"], "transform_version": previous.get("transform_version")}
+    path, version = previous["artifact"], previous.get("transform_version")
     try:
         serving_artifact(previous)
     except ArtifactError as exc:
-        ctx.record["serving_artifact"] = {**checked, "verified": False, "problem": str(exc)}
+        ctx.record.serving_artifact = ServingArtifact(path, version, verified=False, problem=str(exc))
         return str(exc)
-    ctx.record["serving_artifact"] = {**checked, "verified": True}
+    ctx.record.serving_artifact = ServingArtifact(path, version, verified=True)
     return None
 
 
@@ -169,21 +207,19 @@ def validate_input(ctx: NightlyContext, info: dict) -> None:
     from the data files where it can: ``vector_reader``, :mod:`anisotropy_spark.table_files`); see
     :func:`anisotropy_spark.io.validate`. With metadata or label columns that pass also draws the uniform sample
     of ``sample_size`` rows (with those columns) the artefact test runs on."""
-    config = ctx.config
-    total = ctx.input_df.count()          # Delta answers from its file statistics; sizes the sample
-    files, planned = table_files(ctx.spark, ctx.input_df, ctx.ref.path, ctx.ref.format, config.vector_col, total,
-                                 config.vector_reader)
+    config, table = ctx.config, ctx.table
+    total = table.input_df.count()          # Delta answers from its file statistics; sizes the sample
+    files, planned = table_files(ctx.spark, table.input_df, table.ref.path, table.ref.format, config.vector_col,
+                                 total, config.vector_reader)
     columns = sampled_columns(config)
     drawn = RowSample(config.sample_size, total, columns=tuple(columns)) if columns or config.mixture_check else None
-    ctx.checked = validate(as_vector_array(ctx.input_df, config.vector_col), config.vector_col, config.id_col,
-                           config.dimension, config.on_invalid, config.quarantine_path,
-                           run_id=ctx.record["run_id"], input_version=ctx.ref.version, with_moments=True, files=files,
-                           max_norm_ratio=config.max_norm_ratio,
-                           sample=drawn)
-    ctx.valid, ctx.moments = ctx.checked.valid, ctx.checked.moments
-    info["rows"], info["reader"] = ctx.moments.n + ctx.checked.invalid_count, ctx.checked.reader if files else planned
-    ctx.record["counts"].update(invalid_rows=ctx.checked.invalid_count,
-                                invalid_by_reason=ctx.checked.invalid_by_reason)
+    checked = table.checked = validate(
+        as_vector_array(table.input_df, config.vector_col), config.vector_col, config.id_col, config.dimension,
+        config.on_invalid, config.quarantine_path, run_id=ctx.record.run_id, input_version=table.ref.version,
+        with_moments=True, files=files, max_norm_ratio=config.max_norm_ratio, sample=drawn)
+    table.valid, table.moments = checked.valid, checked.moments
+    info["rows"], info["reader"] = table.moments.n + checked.invalid_count, checked.reader if files else planned
+    ctx.record.counts.update(invalid_rows=checked.invalid_count, invalid_by_reason=checked.invalid_by_reason)
 
 
 def diagnose(ctx: NightlyContext, info: dict) -> None:
@@ -192,32 +228,33 @@ def diagnose(ctx: NightlyContext, info: dict) -> None:
     with ``mixture_check`` (on by default) k-means of the sample, its per-cluster diagnostics and their null, which
     feed the decision's mixture branch (:func:`anisotropy_core.mixture_evidence.mixture_check`: no pass over the
     table)."""
-    config, rec, d = ctx.config, ctx.record, ctx.checked.dimension
-    ctx.report = diagnose_moments(ctx.moments)
+    config, rec, table, findings = ctx.config, ctx.record, ctx.table, ctx.findings
+    d = table.checked.dimension
+    report = findings.report = diagnose_moments(table.moments)
     columns = sampled_columns(config)
-    info["rows"] = ctx.report.n
-    rec["counts"]["valid_rows"] = ctx.report.n
-    rec["input_metrics"] = ctx.report.scalars()
-    check_against_data(config, ctx.report.n, d, config.method)
+    info["rows"] = rec.counts.valid_rows = report.n
+    rec.input_metrics = report.scalars()
+    check_against_data(config, report.n, d, config.method)
     if columns or config.mixture_check:
-        (vectors, values), info["sample_source"] = drawn_or_sampled(ctx.checked.drawn, ctx.valid, config.vector_col, d,
-                                                                    columns, config.sample_size, ctx.report.n)
+        (vectors, values), info["sample_source"] = drawn_or_sampled(table.checked.drawn, table.valid,
+                                                                    config.vector_col, d, columns, config.sample_size,
+                                                                    report.n)
         info["sample_rows"] = int(vectors.shape[0])
     if columns:
-        ctx.artefact = artefact_of_sample(vectors, values, ctx.report, config.metadata_cols, config.label_col,
-                                          config.artefact_directions, config.decision, config.seed)
-    rec["artefact"] = ctx.artefact
+        findings.artefact = artefact_of_sample(vectors, values, report, config.metadata_cols, config.label_col,
+                                               config.artefact_directions, config.decision, config.seed)
+    rec.artefact = findings.artefact
     if config.mixture_check and vectors.shape[0] < 4 * config.cluster_k:
-        rec["clusters"] = {"skipped": f"mixture check: {vectors.shape[0]} sampled rows < 4 · cluster_k"}
+        rec.clusters = {"skipped": f"mixture check: {vectors.shape[0]} sampled rows < 4 · cluster_k"}
     elif config.mixture_check:
         try:
-            ctx.sample_centroids, ctx.clusters = mixture_check(vectors, config.cluster_k,
-                                                               config.cluster_distance_measure, config.seed)
+            findings.sample_centroids, findings.clusters = mixture_check(vectors, config.cluster_k,
+                                                                         config.cluster_distance_measure, config.seed)
         except ValueError as exc:
-            rec["clusters"] = {"skipped": f"mixture check: {exc}"}
+            rec.clusters = {"skipped": f"mixture check: {exc}"}
             return
-        rec["clusters"] = {"source": f"k-means of the {vectors.shape[0]}-row sample",
-                           **{key: ctx.clusters[key] for key in ("locally_isotropic", "clusters", "mixture_null")}}
+        rec.clusters = {"source": f"k-means of the {vectors.shape[0]}-row sample",
+                        **{key: findings.clusters[key] for key in ("locally_isotropic", "clusters", "mixture_null")}}
 
 
 def fit_cluster_candidate(ctx: NightlyContext) -> None:
@@ -225,34 +262,36 @@ def fit_cluster_candidate(ctx: NightlyContext) -> None:
     valid rows for the per-cluster moments of the sample's centroids (no k-means over the table); it is the
     cluster_recenter evaluation candidate and, applied label-free, the transform published (``method: auto`` only).
     A sample cluster that no row of the table falls in leaves no candidate, recorded in ``clusters.candidate``."""
-    config = ctx.config
-    centroids = ctx.sample_centroids
-    states = cluster_moments_pass(as_vector_array(ctx.valid.select(config.vector_col), config.vector_col),
-                                  config.vector_col, ctx.report.d, centroids, config.cluster_distance_measure)
+    config, findings = ctx.config, ctx.findings
+    centroids = findings.sample_centroids
+    states = cluster_moments_pass(as_vector_array(ctx.table.valid.select(config.vector_col), config.vector_col),
+                                  config.vector_col, findings.report.d, centroids, config.cluster_distance_measure)
     try:
-        ctx.cluster_recenter = ClusterRecenter.from_moments(centroids, states, config.cluster_D,
-                                                            config.cluster_distance_measure,
-                                                            {"kmeans": "faiss, on the mixture check's sample"})
+        findings.cluster_recenter = ClusterRecenter.from_moments(centroids, states, config.cluster_D,
+                                                                 config.cluster_distance_measure,
+                                                                 {"kmeans": "faiss, on the mixture check's sample"})
     except ValueError as exc:                  # a sample cluster no row of the table falls in: no candidate
-        ctx.record["clusters"]["candidate"] = f"not fitted: {exc}"
+        ctx.record.clusters["candidate"] = f"not fitted: {exc}"
         return
-    if ctx.method == Method.CLUSTER_RECENTER and config.method == "auto":
-        ctx.chosen_transform = ctx.cluster_recenter
+    if ctx.fit.method == Method.CLUSTER_RECENTER and config.method == "auto":
+        ctx.fit.chosen_transform = findings.cluster_recenter
 
 
 def decide(ctx: NightlyContext, info: dict) -> None:
     """``method: auto`` applies the recommendation (or, with an ``evaluation:`` block, what the evaluation's
     intervals support: see :func:`evaluate`); an explicit method is applied, the recommendation recorded."""
-    rec = ctx.record
-    recommendation = ctx.recommendation = recommend(ctx.report, ctx.clusters, ctx.artefact, ctx.config.decision)
-    ctx.method = recommendation.method if ctx.config.method == "auto" else ctx.config.method
-    rec["recommendation"] = recommendation.to_dict()
+    config, findings = ctx.config, ctx.findings
+    recommendation = findings.recommendation = recommend(findings.report, findings.clusters, findings.artefact,
+                                                         config.decision)
+    ctx.fit.method = recommendation.method if config.method == "auto" else config.method
+    ctx.record.recommendation = recommendation
     for warning in recommendation.warnings:
         log.warning("decision: %s", warning)
     log.info("decision: recommend %s (%s); applying %s", recommendation.method,
-             "; ".join(recommendation.reasons), ctx.method)
-    check_against_data(ctx.config, ctx.report.n, ctx.report.d, ctx.method)
-    if recommendation.method == Method.CLUSTER_RECENTER and ctx.sample_centroids is not None and ctx.config.method == "auto":
+             "; ".join(recommendation.reasons), ctx.fit.method)
+    check_against_data(config, findings.report.n, findings.report.d, ctx.fit.method)
+    if recommendation.method == Method.CLUSTER_RECENTER and findings.sample_centroids is not None \
+            and config.method == "auto":
         fit_cluster_candidate(ctx)
 
 
@@ -263,38 +302,39 @@ def evaluate(ctx: NightlyContext, info: dict) -> None:
     below ``min_neighbour_overlap`` are left out of the choice): publish the best candidate, or keep what is
     published — when that leaves the output as it is (same input version), the run stops here with status
     ``kept``. An explicit method is judged in the gate (:func:`quality_gate`)."""
-    config, rec = ctx.config, ctx.record
-    rec["evidence"] = "labelled" if labelled(config) else "label_free"
+    config, rec, findings, state = ctx.config, ctx.record, ctx.findings, ctx.fit
+    rec.evidence = "labelled" if labelled(config) else "label_free"
     if not labelled(config) or config.method != "auto":
         return
-    previous = ctx.previous
-    serving = rec.get("serving_artifact")
-    published = previous is not None and (serving is None or serving["verified"])     # a corrupt one is no baseline
-    published_transform = load_artifact(previous["artifact"], expected_dimension=ctx.report.d).transform \
+    previous, d = ctx.previous, findings.report.d
+    serving = rec.serving_artifact
+    published = previous is not None and (serving is None or serving.verified)     # a corrupt one is no baseline
+    published_transform = load_artifact(previous["artifact"], expected_dimension=d).transform \
         if published and previous.get("artifact") else None
     record, fitted, grid = evaluation.run_evaluation(
-        ctx.spark, ctx.valid, config.vector_col, config.id_col, ctx.report.d, ctx.moments, ctx.recommendation,
-        config.evaluation, config.decision, ctx.cluster_recenter, published, published_transform,
+        ctx.spark, ctx.table.valid, config.vector_col, config.id_col, d, ctx.table.moments, findings.recommendation,
+        config.evaluation, config.decision, findings.cluster_recenter, published, published_transform,
         overlap_sample(config), config.min_neighbour_overlap)
-    ctx.evaluation, rec["evaluation"] = record, json_safe(record)
+    findings.evaluation = rec.evaluation = record
     info["rows"] = record["queries"] or record["pairs"] or 0
-    ctx.chosen, ctx.chosen_transform = record["chosen"], fitted[record["chosen"]]
-    ctx.neighbour_overlap = record["neighbour_overlap"][ctx.chosen]
-    rec["reason"] = record["decision"]["reason"]
-    log.info("evaluation: %s", rec["reason"])
+    state.chosen, state.chosen_transform = record["chosen"], fitted[record["chosen"]]
+    ctx.output.neighbour_overlap = record["neighbour_overlap"][state.chosen]
+    rec.reason = record["decision"]["reason"]
+    log.info("evaluation: %s", rec.reason)
     for warning in record["warnings"]:
         log.warning("evaluation: %s", warning)
-    if ctx.chosen == PUBLISHED:
-        ctx.method = previous.get("method") or Method.NONE
-        ctx.chosen_params = load_artifact(previous["artifact"]).manifest["params"] if previous.get("artifact") else {}
-        if previous.get("input_path") == config.input and previous.get("input_version") == ctx.ref.version:
-            rec.update(status="kept", mode="kept")
-            rec["output"]["version"] = ctx.state.version
+    if state.chosen == PUBLISHED:
+        state.method = previous.get("method") or Method.NONE
+        state.chosen_params = load_artifact(previous["artifact"]).manifest["params"] if previous.get("artifact") \
+            else {}
+        if previous.get("input_path") == config.input and previous.get("input_version") == ctx.table.ref.version:
+            rec.status, rec.mode = "kept", "kept"
+            rec.output.version = ctx.table.output_state.version
             ctx.finished = True
         return
-    candidate = next(c for c in grid if c.name == ctx.chosen)
-    ctx.method, ctx.chosen_params = candidate_fit(candidate.family, ctx.chosen_transform, list(candidate.directions),
-                                                  config, ctx.recommendation)
+    candidate = next(c for c in grid if c.name == state.chosen)
+    state.method, state.chosen_params = candidate_fit(candidate.family, state.chosen_transform,
+                                                      list(candidate.directions), config, findings.recommendation)
 
 
 def labelled(config: NightlyConfig) -> bool:
@@ -312,56 +352,57 @@ def fit(ctx: NightlyContext, info: dict) -> None:
     diagnosis's moments when the method is moment-based: no second pass) and save.
     An evaluation candidate chosen by :func:`evaluate` is already fitted: it is saved, not fitted again; when the
     evaluation keeps the published transform, its artifact is applied as it is."""
-    config, method = ctx.config, ctx.method
-    params = ctx.chosen_params if ctx.chosen is not None else fit_params(config, method, ctx.recommendation)
+    config, table, state = ctx.config, ctx.table, ctx.fit
+    method, recommendation, report = state.method, ctx.findings.recommendation, ctx.findings.report
+    params = state.chosen_params if state.chosen is not None else fit_params(config, method, recommendation)
     artifact_path, why = None, "method none: vectors published unchanged"
-    if ctx.chosen == PUBLISHED and method != Method.NONE:
-        ctx.model, artifact_path = model_from(load_artifact(ctx.previous["artifact"]), config), ctx.previous["artifact"]
+    if state.chosen == PUBLISHED and method != Method.NONE:
+        artifact_path = ctx.previous["artifact"]
+        state.model = model_from(load_artifact(artifact_path), config)
         why = "the evaluation keeps the published transform"
     elif method != Method.NONE:
-        reused, why = reusable(config, ctx.previous, method, params, ctx.report.d, ctx.record["input_metrics"])
+        reused, why = reusable(config, ctx.previous, method, params, report.d, ctx.record.input_metrics)
         if reused is not None:
-            ctx.model, artifact_path = model_from(reused, config), ctx.previous["artifact"]
+            state.model, artifact_path = model_from(reused, config), ctx.previous["artifact"]
         else:
-            ctx.model = model_of(ctx.chosen_transform, ctx.report.n, config, ctx.ref) \
-                if ctx.chosen_transform is not None \
-                else fit_model(config, method, params, ctx.valid, ctx.ref, ctx.moments)
-            artifact_path = save_fit(config, ctx.model, method, params, ctx.record["input_metrics"])
-            ctx.refitted = True
-    ctx.transform_version = ctx.model.transform_version if ctx.model is not None else "none"
-    ctx.d_out = ctx.model.transform_.d_out if ctx.model is not None else ctx.report.d
-    ctx.record["applied"] = {"method": method, "params": params, "transform_version": ctx.transform_version,
-                             "artifact": artifact_path, "refitted": ctx.refitted, "fit_reason": why,
-                             "candidate": ctx.chosen,
-                             "follows_recommendation": method == ctx.recommendation.method}
-    log.info("fit: %s %s (%s)", "refitted" if ctx.refitted else "reused", ctx.transform_version, why)
+            state.model = model_of(state.chosen_transform, report.n, config, table.ref) \
+                if state.chosen_transform is not None \
+                else fit_model(config, method, params, table.valid, table.ref, table.moments)
+            artifact_path = save_fit(config, state.model, method, params, ctx.record.input_metrics)
+            state.refitted = True
+    state.transform_version = state.model.transform_version if state.model is not None else "none"
+    state.d_out = state.model.transform_.d_out if state.model is not None else report.d
+    ctx.record.applied = Applied(method=method, params=params, transform_version=state.transform_version,
+                                 artifact=artifact_path, refitted=state.refitted, fit_reason=why,
+                                 candidate=state.chosen, follows_recommendation=method == recommendation.method)
+    log.info("fit: %s %s (%s)", "refitted" if state.refitted else "reused", state.transform_version, why)
 
 
 def full_rebuild_reason(ctx: NightlyContext) -> str | None:
     """Why this run must rewrite the whole output, or None when the incremental MERGE applies: the same
     transform, reused, on an input that since the last publish only gained appended rows of the same schema,
     and no duplicated id (a repeated id means a published row must leave the output)."""
-    previous, config = ctx.previous, ctx.config
+    previous, config, table = ctx.previous, ctx.config, ctx.table
     if not config.incremental:
         return "incremental: false"
     if not previous:
         return "no previous publish"
-    if ctx.refitted:
+    if ctx.fit.refitted:
         return "the transform was refitted"
     if (previous.get("transform_version"), previous.get("input_path"), previous.get("config_hash")) != \
-            (ctx.transform_version, config.input, ctx.record["config_hash"]):
+            (ctx.fit.transform_version, config.input, ctx.record.config_hash):
         return "transform, input path or config changed since the last publish"
     before = previous.get("input_version")
-    if not isinstance(before, int) or before >= ctx.ref.version:
-        return f"input version {ctx.ref.version} does not follow the published input version {before}"
-    if not only_appends(ctx.spark, config.input, before, ctx.ref.version):
+    if not isinstance(before, int) or before >= table.ref.version:
+        return f"input version {table.ref.version} does not follow the published input version {before}"
+    if not only_appends(ctx.spark, config.input, before, table.ref.version):
         return f"input commits after version {before} are not all appends (delete, update or overwrite)"
     old_schema = read_table(ctx.spark, config.input, before)[0].schema
-    if old_schema != ctx.input_df.schema:
-        added = sorted(set(ctx.input_df.columns) - set(old_schema.fieldNames()))
+    if old_schema != table.input_df.schema:
+        added = sorted(set(table.input_df.columns) - set(old_schema.fieldNames()))
         return f"input schema changed since version {before}" + (f" (added columns {added})" if added else "")
-    if ctx.checked.invalid_by_reason.get(DUPLICATE_ID):
-        return f"{ctx.checked.invalid_by_reason[DUPLICATE_ID]} input rows share an id"
+    if table.checked.invalid_by_reason.get(DUPLICATE_ID):
+        return f"{table.checked.invalid_by_reason[DUPLICATE_ID]} input rows share an id"
     return None
 
 
@@ -370,8 +411,8 @@ def transformed(ctx: NightlyContext, df: DataFrame) -> DataFrame:
     ``output_dtype``), the ``transform_version`` column (and ``cluster_id`` for cluster recentering). No model =
     method none (the vectors as they are, cast when ``output_dtype`` is not ``same``)."""
     config = ctx.config
-    if ctx.model is not None:
-        out = ctx.model.setOutputDtype(config.output_dtype).transform(df)
+    if ctx.fit.model is not None:
+        out = ctx.fit.model.setOutputDtype(config.output_dtype).transform(df)
     else:
         vectors = F.col(config.vector_col)
         if config.output_dtype != "same":
@@ -379,7 +420,7 @@ def transformed(ctx: NightlyContext, df: DataFrame) -> DataFrame:
         out = df.withColumn(config.out_col, vectors)
     if config.out_col != config.vector_col:
         out = out.drop(config.vector_col)
-    return out.withColumn(VERSION_COLUMN, F.lit(ctx.transform_version))
+    return out.withColumn(VERSION_COLUMN, F.lit(ctx.fit.transform_version))
 
 
 def apply(ctx: NightlyContext, info: dict) -> None:
@@ -387,20 +428,20 @@ def apply(ctx: NightlyContext, info: dict) -> None:
     big as the table on local disk): diagnose_output, gate and publish each recompute it from the pinned input
     version, which gives the same rows. Incremental: only the rows appended since the previous publish
     (cached: they are the MERGE source), unioned with the current output as the would-be table."""
-    config, spark = ctx.config, ctx.spark
-    ctx.record["mode_reason"] = full_rebuild_reason(ctx)
-    ctx.record["mode"] = "full" if ctx.record["mode_reason"] else "incremental"
-    if ctx.record["mode"] == "incremental":
+    config, spark, rec, table, out = ctx.config, ctx.spark, ctx.record, ctx.table, ctx.output
+    rec.mode_reason = full_rebuild_reason(ctx)
+    rec.mode = "full" if rec.mode_reason else "incremental"
+    if rec.mode == "incremental":
         old_ids = read_table(spark, config.input, ctx.previous["input_version"])[0].select(config.id_col)
-        new_valid = ctx.valid.join(old_ids, config.id_col, "left_anti")
-        ctx.new_rows = transformed(ctx, new_valid).persist(StorageLevel.MEMORY_AND_DISK)
-        ctx.cleanup.callback(ctx.new_rows.unpersist)
-        existing = read_table(spark, config.output, ctx.state.version)[0]
-        ctx.candidate = existing.unionByName(ctx.new_rows, allowMissingColumns=False)
-        info["rows"] = ctx.record["counts"]["rows_written"] = ctx.new_rows.count()
+        new_valid = table.valid.join(old_ids, config.id_col, "left_anti")
+        out.new_rows = transformed(ctx, new_valid).persist(StorageLevel.MEMORY_AND_DISK)
+        ctx.cleanup.callback(out.new_rows.unpersist)
+        existing = read_table(spark, config.output, table.output_state.version)[0]
+        out.candidate = existing.unionByName(out.new_rows, allowMissingColumns=False)
+        info["rows"] = rec.counts.rows_written = out.new_rows.count()
     else:
-        ctx.candidate = transformed(ctx, ctx.valid)
-        ctx.output_files = file_count(scan_bytes(ctx.input_df), config.target_file_mb)
+        out.candidate = transformed(ctx, table.valid)
+        out.files = file_count(scan_bytes(table.input_df), config.target_file_mb)
 
 
 def diagnose_output(ctx: NightlyContext, info: dict) -> None:
@@ -408,46 +449,47 @@ def diagnose_output(ctx: NightlyContext, info: dict) -> None:
     transform cannot map (:class:`~anisotropy_spark.contract.TransformRowError`, e.g. a value that overflows
     float32 after the cast, raised in a worker and received by its class) leaves no output to gate: GateError
     naming the row."""
+    out = ctx.output
     try:
-        ctx.output_metrics = diagnose_dataframe(ctx.candidate, ctx.config.out_col, ctx.d_out).scalars()
+        out.metrics = diagnose_dataframe(out.candidate, ctx.config.out_col, ctx.fit.d_out).scalars()
     except Exception as exc:  # noqa: BLE001 — a worker's error arrives wrapped by Spark; only typed ones are handled
         found = worker_error(exc) or exc
         if isinstance(found, TransformRowError):
             raise GateError([f"the transform cannot produce the output: {found}"]) from None
         if not isinstance(found, ValueError):
             raise
-        ctx.output_error = str(found).splitlines()[0]
-    ctx.record["output_metrics"] = ctx.output_metrics
+        out.error = str(found).splitlines()[0]
+    ctx.record.output_metrics = out.metrics
 
 
 def gate_output(ctx: NightlyContext, info: dict) -> None:
     """:func:`jobs.gate.gate` (counts and bounds), the neighbour-overlap gate (:func:`neighbour_gate`) and, for an
     explicitly configured method with an ``evaluation:`` block, the quality gate (:func:`quality_gate`). Every
     failed check is listed in ONE GateError (nothing is published)."""
+    rec, out = ctx.record, ctx.output
     problems = []
     try:
-        ctx.record["counts"].update(gate(ctx.candidate, ctx.valid, ctx.config, ctx.d_out, ctx.output_metrics,
-                                         ctx.output_error))
-        info["rows"] = ctx.record["counts"]["output_rows"]
-        if ctx.record["mode"] == "full":
-            ctx.record["counts"]["rows_written"] = info["rows"]
+        rec.counts.update(**gate(out.candidate, ctx.table.valid, ctx.config, ctx.fit.d_out, out.metrics, out.error))
+        info["rows"] = rec.counts.output_rows
+        if rec.mode == "full":
+            rec.counts.rows_written = info["rows"]
     except GateError as exc:
         problems += exc.problems
-    if labelled(ctx.config) and ctx.chosen is None and ctx.method != Method.NONE:
+    if labelled(ctx.config) and ctx.fit.chosen is None and ctx.fit.method != Method.NONE:
         problems += quality_gate(ctx)
     problems += neighbour_gate(ctx)
     if problems:
         raise GateError(problems)
-    if ctx.record.get("evidence") == "label_free":
-        overlap = ctx.record["neighbour_overlap"]
-        unverified = (f"unverified: {ctx.method} applied without labelled evidence (no evaluation queries or pairs: "
-                      f"the recommendation alone); neighbour overlap {overlap['mean']:.3f} >= min_neighbour_overlap "
-                      f"{overlap['min']:g}")
-        earlier = ctx.record.get("reason")            # e.g. why a night that looked like a no-op was not one
-        ctx.record["reason"] = f"{earlier}; {unverified}" if earlier else unverified
-    elif ctx.evaluation is not None:
-        ctx.record["evaluation"]["gate"] = {"candidate": ctx.chosen, "passes": True,
-                                            "reason": ctx.record["evaluation"]["decision"]["reason"]}
+    if rec.evidence == "label_free":
+        overlap = rec.neighbour_overlap
+        unverified = (f"unverified: {ctx.fit.method} applied without labelled evidence (no evaluation queries or "
+                      f"pairs: the recommendation alone); neighbour overlap {overlap.mean:.3f} >= "
+                      f"min_neighbour_overlap {overlap.min:g}")
+        earlier = rec.reason            # e.g. why a night that looked like a no-op was not one
+        rec.reason = f"{earlier}; {unverified}" if earlier else unverified
+    elif ctx.findings.evaluation is not None:
+        rec.evaluation["gate"] = {"candidate": ctx.fit.chosen, "passes": True,
+                                  "reason": rec.evaluation["decision"]["reason"]}
 
 
 def quality_gate(ctx: NightlyContext) -> list[str]:
@@ -457,13 +499,13 @@ def quality_gate(ctx: NightlyContext) -> list[str]:
     (:func:`anisotropy_core.candidates.refuse_explicit`). Records ``evaluation`` with its ``gate``; returns the
     problem (empty when it passes)."""
     config = ctx.config
-    scored = evaluation.score_applied(ctx.spark, ctx.valid, config.vector_col, config.id_col, ctx.report.d,
-                                      ctx.model.transform_, config.evaluation, overlap_sample(config))
-    ctx.neighbour_overlap = scored["neighbour_overlap"]
+    scored = evaluation.score_applied(ctx.spark, ctx.table.valid, config.vector_col, config.id_col,
+                                      ctx.findings.report.d, ctx.fit.model.transform_, config.evaluation,
+                                      overlap_sample(config))
+    ctx.output.neighbour_overlap = scored["neighbour_overlap"]
     passes, reason = refuse_explicit(scored["intervals"]["applied"], config.evaluation.max_quality_drop)
-    ctx.record["evaluation"] = json_safe({"evidence": "labelled", "metric": config.evaluation.selection_metric(),
-                                          **scored, "gate": {"candidate": "applied", "passes": passes,
-                                                             "reason": reason}})
+    ctx.record.evaluation = {"evidence": "labelled", "metric": config.evaluation.selection_metric(), **scored,
+                             "gate": {"candidate": "applied", "passes": passes, "reason": reason}}
     return [] if passes else [reason]
 
 
@@ -471,15 +513,15 @@ def neighbour_gate(ctx: NightlyContext) -> list[str]:
     """The mean overlap of each sampled corpus row's raw top-k with its corrected top-k (own row excluded), from
     the evaluation pass when it measured it, else one pass now; recorded as ``neighbour_overlap`` and refused
     below ``min_neighbour_overlap``. Returns the problem (empty when it passes)."""
-    config = ctx.config
-    if ctx.neighbour_overlap is None:
-        ctx.neighbour_overlap = evaluation.neighbour_check(
-            ctx.valid, config.vector_col, config.id_col, ctx.report.d,
-            ctx.model.transform_ if ctx.model is not None else None, overlap_sample(config))
-    value = ctx.neighbour_overlap
+    config, out = ctx.config, ctx.output
+    if out.neighbour_overlap is None:
+        out.neighbour_overlap = evaluation.neighbour_check(
+            ctx.table.valid, config.vector_col, config.id_col, ctx.findings.report.d,
+            ctx.fit.model.transform_ if ctx.fit.model is not None else None, overlap_sample(config))
+    value = out.neighbour_overlap
     passes = value >= config.min_neighbour_overlap
-    ctx.record["neighbour_overlap"] = {"mean": value, "k": config.neighbour_k, "rows": config.neighbour_sample,
-                                       "min": config.min_neighbour_overlap, "passes": passes}
+    ctx.record.neighbour_overlap = NeighbourOverlap(mean=value, k=config.neighbour_k, rows=config.neighbour_sample,
+                                                    min=config.min_neighbour_overlap, passes=passes)
     if passes:
         return []
     return [f"neighbour overlap {value:.3f} < min_neighbour_overlap {config.min_neighbour_overlap:g}: the correction "
@@ -490,27 +532,27 @@ def reject_fit(ctx: NightlyContext, reason: str) -> None:
     """After the gate refused the output: mark the fit this run saved ``rejected`` in its fit report
     (:func:`jobs.fit_or_reuse.mark_rejected`; kept, never reused), unless it is the artifact the output is served
     with (a refit of the same numbers). Records ``applied.rejected``."""
-    applied = ctx.record.get("applied") or {}
-    if not ctx.refitted or applied.get("artifact") == (ctx.previous or {}).get("artifact"):
+    applied = ctx.record.applied
+    if not ctx.fit.refitted or applied.artifact == (ctx.previous or {}).get("artifact"):
         return
-    mark_rejected(applied["artifact"], ctx.record["run_id"], reason)
-    applied["rejected"] = True
+    mark_rejected(applied.artifact, ctx.record.run_id, reason)
+    applied.rejected = True
 
 
 def publish_output(ctx: NightlyContext, info: dict) -> None:
     """ONE Delta commit with the run's metadata; see :func:`anisotropy_spark.publish.publish`. A full rebuild is
     written as at most ``output_files`` data files (:mod:`anisotropy_spark.output_files`; ``counts.output_files``)."""
-    config, rec = ctx.config, ctx.record
-    meta = {"run_id": rec["run_id"], "input_path": config.input, "input_version": ctx.ref.version,
-            "transform_version": ctx.transform_version, "artifact": rec["applied"]["artifact"], "method": ctx.method,
-            "config_hash": rec["config_hash"], "seq": ctx.state.next_seq, "mode": rec["mode"]}
+    config, rec, out, current = ctx.config, ctx.record, ctx.output, ctx.table.output_state
+    meta = {"run_id": rec.run_id, "input_path": config.input, "input_version": ctx.table.ref.version,
+            "transform_version": ctx.fit.transform_version, "artifact": rec.applied.artifact, "method": ctx.fit.method,
+            "config_hash": rec.config_hash, "seq": current.next_seq, "mode": rec.mode}
     target = PublishTarget(config.output, config.id_col, config.app_id)
-    candidate = ctx.candidate
-    if ctx.new_rows is None:
-        candidate = candidate.coalesce(ctx.output_files)
-        rec["counts"]["output_files"] = ctx.output_files
-    rec["output"]["version"] = publish(ctx.spark, target, candidate, ctx.new_rows, meta, ctx.state.version)
-    rec["status"] = "published"
+    candidate = out.candidate
+    if out.new_rows is None:
+        candidate = candidate.coalesce(out.files)
+        rec.counts.output_files = out.files
+    rec.output.version = publish(ctx.spark, target, candidate, out.new_rows, meta, current.version)
+    rec.status = "published"
 
 
 def build_index(ctx: NightlyContext, info: dict) -> None:
@@ -518,13 +560,13 @@ def build_index(ctx: NightlyContext, info: dict) -> None:
     published (:func:`jobs.index.index_stage`; a refused verification leaves ``CURRENT`` on the previous index and
     the record says why). Recorded as ``index``."""
     config, rec = ctx.config, ctx.record
-    if config.index is None or rec["status"] != "published":
+    if config.index is None or rec.status != "published":
         return
     settings = dataclasses.replace(config.index, vector_col=config.out_col, id_col=config.id_col)
-    rec["index"] = index_stage(ctx.spark, settings, config.output, rec["output"]["version"], rec["applied"]["artifact"],
-                               raw_table=(config.input, ctx.ref.version))
-    info["rows"] = rec["counts"].get("output_rows", 0)
-    (log.info if rec["index"]["status"] == "published" else log.warning)("index: %s", rec["index"].get("reason", ""))
+    rec.index = index_stage(ctx.spark, settings, config.output, rec.output.version, rec.applied.artifact,
+                            raw_table=(config.input, ctx.table.ref.version))
+    info["rows"] = rec.counts.output_rows or 0
+    (log.info if rec.index["status"] == "published" else log.warning)("index: %s", rec.index.get("reason", ""))
 
 
 STAGES = (("read", read), ("validate", validate_input), ("diagnose", diagnose), ("decide", decide),

@@ -41,12 +41,12 @@ def fail_task_once(df: DataFrame, marker_dir: str) -> DataFrame:
 
 def failing_over_valid_rows(stage, marker_dir):
     def run(ctx, info):
-        valid = ctx.valid
-        ctx.valid = fail_task_once(valid, marker_dir)
+        valid = ctx.table.valid
+        ctx.table.valid = fail_task_once(valid, marker_dir)
         try:
             stage(ctx, info)
         finally:
-            ctx.valid = valid
+            ctx.table.valid = valid
     return run
 
 

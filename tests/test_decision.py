@@ -227,7 +227,7 @@ def test_non_negative_data_measures_the_offset_from_the_sign_structure_null():
     assert recommend(r).method == "center"                               # measured from 0: a false offset
     null = sign_structure_null(X)
     assert null["regime"] == "dense"
-    rec = recommend({**r, "A_sign_null": null["null"]})
+    rec = recommend(r, A_sign_null=null["null"])
     assert rec.method == "none" and rec.evidence["A_null"] == pytest.approx(1 / np.pi, abs=0.005)   # measured m²/s
 
 

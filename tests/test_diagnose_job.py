@@ -100,6 +100,34 @@ def test_job_end_to_end_writes_report_and_metrics(spark, tmp_path, capsys):
     assert len(row["config_hash"]) == 16
 
 
+def plain_json(value) -> bool:
+    """True when ``value`` is built of JSON's own types only (dict with str keys, list, str, int, float, bool, None)."""
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and plain_json(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(plain_json(v) for v in value)
+    return value is None or type(value) in (str, int, float, bool)
+
+
+def test_the_diagnosis_report_serialises_to_plain_json_without_its_sample(spark, tmp_path):
+    """Issue 44: run_diagnosis returns a typed DiagnosisReport; its one serialisation (report.json) holds no private or
+    in-memory entry (the driver sample stays a typed field), only JSON types, and it is what the job writes."""
+    X, tokens = corpus(n=120, d=6, seed=2)
+    table = write_delta(spark, frame(spark, X, {"token_count": tokens}), str(tmp_path / "t"))
+    config = job.DiagnoseConfig(input=table, metadata_cols=["token_count"], output_dir=str(tmp_path / "out"),
+                                metrics_table=None)
+    result = job.run_diagnosis(spark, config)
+    assert isinstance(result, job.DiagnosisReport) and result.sample.vectors.shape == (120, 6)
+    assert set(result.sample.metadata) == {"token_count"} and result.diagnosis.n == 120
+    data = result.to_json()
+    assert not [key for key in data if key.startswith("_")] and "sample" not in data and "diagnosis" not in data
+    assert plain_json(data)
+    assert data["sample_size"] == 120 and list(data["metrics"]) == list(job.SCALAR_METRICS)
+    assert data["metrics"]["A_sign_null"] == result.extra.A_sign_null
+    job.write_outputs(spark, config, result)
+    assert json.loads((tmp_path / "out" / "report.json").read_text()) == json.loads(json.dumps(data))
+
+
 def bad_rows_frame(spark):
     rng = np.random.default_rng(9)
     rows = [(i, [float(x) for x in rng.normal(size=4) + 2]) for i in range(50)]

@@ -179,7 +179,7 @@ def test_sampling_noise_z_is_measured_from_the_sign_structure_null():
     report = diagnose(X)
     from_zero = sampling_noise(report)["A_z"]
     null = sign_structure_null(X)["null"]
-    from_null = sampling_noise({**report, "A_sign_null": null})["A_z"]
+    from_null = sampling_noise(report, A_sign_null=null)["A_z"]
     assert from_zero > 1000
     assert from_null == pytest.approx((report["anisotropy_A"] - null) / isotropic_anisotropy_se(2000, 128))
     assert abs(from_null) < abs(from_zero) / 10

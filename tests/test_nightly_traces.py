@@ -3,6 +3,7 @@ night with nothing new, and VACUUM of the unreferenced files.
 
 The run-record and fit-report checks need no Spark session; the last two tests run the nightly / VACUUM on a
 small table."""
+import dataclasses
 import datetime
 import json
 import os
@@ -18,13 +19,23 @@ import pytest
 from test_nightly import corpus, job_config, record, table, write_input
 
 from anisotropy_core.artifact import ArtifactError, load_artifact, save_artifact
+from anisotropy_core.decision import Recommendation
 from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import fit_center
 from anisotropy_spark.publish import output_state
 from jobs import cli, nightly
 from jobs.fit_or_reuse import FIT_REPORT, mark_rejected, reusable, serving_artifact
 from jobs.nightly_config import NightlyConfig
-from jobs.run_records import new_record, start_record, write_records
+from jobs.run_records import (
+    Applied,
+    Counts,
+    NeighbourOverlap,
+    RunRecord,
+    ServingArtifact,
+    new_record,
+    start_record,
+    write_records,
+)
 
 
 def ended_pid() -> int:
@@ -34,11 +45,10 @@ def ended_pid() -> int:
     return child.pid
 
 
-def leftover(config, hours_ago, **fields) -> dict:
+def leftover(config, hours_ago, **fields) -> RunRecord:
     """A ``started`` record of a run that began ``hours_ago`` hours ago, written to ``runs_dir``."""
-    rec = new_record(config)
     began = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=hours_ago)
-    rec.update(started_at=began.isoformat(), **fields)
+    rec = dataclasses.replace(new_record(config), started_at=began.isoformat(), **fields)
     write_records(None, config, [rec])
     return rec
 
@@ -56,17 +66,50 @@ def test_a_run_marks_earlier_unfinished_runs_killed_only_when_they_are_dead(tmp_
     marked = start_record(None, config, current)
 
     def on_disk(rec):
-        return json.loads((tmp_path / "runs" / f"{rec['run_id']}.json").read_text())
+        return json.loads((tmp_path / "runs" / f"{rec.run_id}.json").read_text())
 
-    assert sorted(r["run_id"] for r in marked) == sorted([gone["run_id"], remote_old["run_id"]])
+    assert sorted(r.run_id for r in marked) == sorted([gone.run_id, remote_old.run_id])
     assert {on_disk(r)["status"] for r in (alive, remote_new)} == {"started"}
     assert on_disk(finished)["status"] == "published"
     dead = on_disk(gone)
-    assert dead["status"] == "killed" and dead["found_by"] == current["run_id"] and dead["finished_at"]
-    assert f"its process {gone['pid']} on {socket.gethostname()} has ended" in dead["reason"]
+    assert dead["status"] == "killed" and dead["found_by"] == current.run_id and dead["finished_at"]
+    assert f"its process {gone.pid} on {socket.gethostname()} has ended" in dead["reason"]
     stale = on_disk(remote_old)
     assert stale["status"] == "killed" and "started 30.0 h ago (stale_run_hours: 24) on elsewhere" in stale["reason"]
     assert on_disk(current)["status"] == "started" and on_disk(current)["finished_at"] is None
+
+
+def test_a_run_record_round_trips_through_its_json_file(tmp_path):
+    """Issue 44: the typed run record is serialised in one place (RunRecord.to_json, written by write_records) under
+    the run-record keys readers know, and reads back equal; NaN (an undefined metric) is written as null."""
+    config = NightlyConfig(input="in", output="out", runs_dir=str(tmp_path / "runs"), runs_table=None)
+    rec = new_record(config)
+    rec.input.version, rec.output.previous_version, rec.output.version = 3, 1, 2
+    rec.status, rec.mode, rec.reason, rec.evidence = "published", "full", "because", "label_free"
+    rec.counts.update(invalid_rows=2, invalid_by_reason={"norm_outlier": 2}, output_rows=40, rows_written=40)
+    rec.stages.append({"name": "read", "seconds": 0.5, "rows": 42})
+    rec.serving_artifact = ServingArtifact("fit/a", "center-0", verified=False, problem="unreadable")
+    rec.input_metrics = {"n": 40, "top1_var": 0.5}
+    rec.recommendation = Recommendation("center", reasons=["the offset dominates"], verified=True)
+    rec.applied = Applied(method="center", params={}, transform_version="center-1", artifact="fit/b", refitted=True,
+                          fit_reason="no previous fit", candidate=None, follows_recommendation=True)
+    rec.neighbour_overlap = NeighbourOverlap(mean=0.9, k=10, rows=50, min=0.5, passes=True)
+    rec.evaluation = {"metric": "ndcg@5", "score": float("nan")}
+    write_records(None, config, [rec])
+    on_disk = json.loads((tmp_path / "runs" / f"{rec.run_id}.json").read_text())
+    assert {"run_id", "started_at", "finished_at", "status", "mode", "reason", "host", "pid", "config_hash", "input",
+            "output", "counts", "recommendation", "applied", "stages"} <= set(on_disk)
+    assert on_disk["input"] == {"path": "in", "version": 3}
+    assert on_disk["output"] == {"path": "out", "previous_version": 1, "version": 2}
+    assert on_disk["counts"]["invalid_by_reason"] == {"norm_outlier": 2} and on_disk["counts"]["output_rows"] == 40
+    assert on_disk["applied"]["artifact"] == "fit/b" and on_disk["recommendation"]["method"] == "center"
+    assert on_disk["neighbour_overlap"]["mean"] == 0.9 and on_disk["serving_artifact"]["verified"] is False
+    assert on_disk["evaluation"] == {"metric": "ndcg@5", "score": None}
+    back = RunRecord.from_json(on_disk)
+    assert back == dataclasses.replace(rec, evaluation={"metric": "ndcg@5", "score": None})
+    assert back.to_json() == on_disk
+    with pytest.raises(TypeError):
+        Counts().update(no_such_count=1)
 
 
 def saved_center(path) -> dict:
