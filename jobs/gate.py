@@ -51,12 +51,36 @@ def gate(candidate: DataFrame, valid: DataFrame, config: NightlyConfig, d_out: i
     counts = {"output_rows": int(row["rows"] or 0), "valid_rows": int(row["valid_rows"] or 0),
               "missing_ids": int(row["missing"] or 0), "unexpected_ids": int(row["extra"] or 0),
               "wrong_dimension": int(row["wrong_dim"] or 0), "non_finite": int(row["non_finite"] or 0)}
+    return verdict(counts, int(row["ids"]), config, d_out, out_metrics, diagnose_error)
+
+
+def gate_facts(output_rows: int | None, valid_rows: int, config: NightlyConfig, d_out: int, out_metrics: dict | None,
+               diagnose_error: str | None = None) -> dict:
+    """The gate of a full rebuild from the facts of its one output pass
+    (:func:`anisotropy_spark.output_pass.output_facts`): ``output_rows`` the pass produced from the valid rows,
+    ``valid_rows`` the validation pass counted, and the output's metrics; raises :class:`GateError` as
+    :func:`gate` does. The pass maps each valid row (neither invalid nor of a duplicated id) to one ``d_out``-wide
+    vector, finite after the cast, or raises naming the row, so no row of its output can be of another dimension,
+    non-finite or share an id; a count that differs from the validation's is reported as missing or unexpected
+    rows. ``output_rows`` None with ``diagnose_error``: the pass failed, which is the one problem reported.
+    Returns the counts, keyed as :func:`gate`'s."""
+    if output_rows is None:
+        raise GateError([f"output diagnosis failed: {diagnose_error}"])
+    counts = {"output_rows": output_rows, "valid_rows": valid_rows, "missing_ids": max(0, valid_rows - output_rows),
+              "unexpected_ids": max(0, output_rows - valid_rows), "wrong_dimension": 0, "non_finite": 0}
+    return verdict(counts, output_rows, config, d_out, out_metrics, diagnose_error)
+
+
+def verdict(counts: dict, distinct_ids: int, config: NightlyConfig, d_out: int, out_metrics: dict | None,
+            diagnose_error: str | None) -> dict:
+    """Every failed check of ``counts`` (:func:`gate`'s keys), the output's ``distinct_ids``, ``diagnose_error``
+    and ``config.output_bounds`` on ``out_metrics``, in ONE :class:`GateError`; else ``counts``."""
     expected, missing, extra = counts["valid_rows"], counts["missing_ids"], counts["unexpected_ids"]
     problems = []
     if counts["output_rows"] != expected:
         problems.append(f"output has {counts['output_rows']} rows, the input has {expected} valid rows")
-    if int(row["ids"]) != counts["output_rows"]:
-        problems.append(f"duplicate ids: {counts['output_rows'] - int(row['ids'])} rows share an id")
+    if distinct_ids != counts["output_rows"]:
+        problems.append(f"duplicate ids: {counts['output_rows'] - distinct_ids} rows share an id")
     if missing or extra:
         problems.append(f"id set differs from the input's valid rows: {missing} missing, {extra} unexpected")
     if counts["wrong_dimension"]:

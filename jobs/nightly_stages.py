@@ -10,6 +10,7 @@ import dataclasses
 import logging
 
 import numpy as np
+import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -20,13 +21,15 @@ from anisotropy_core.cluster_recenter import ClusterRecenter
 from anisotropy_core.decision import ArtefactEvidence, MixtureEvidence, Recommendation, recommend
 from anisotropy_core.diagnostics import Diagnosis
 from anisotropy_core.diagnostics import diagnose as diagnose_moments
+from anisotropy_core.evaluation import neighbour_overlap
 from anisotropy_core.methods import Method
 from anisotropy_core.mixture_evidence import mixture_check
+from anisotropy_core.output_facts import OverlapQueries
 from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import FittedTransform
-from anisotropy_spark.contract import TransformRowError, require_schema
+from anisotropy_spark.contract import REASON_COLUMN, TransformRowError, require_schema
 from anisotropy_spark.diagnostics import diagnose_dataframe, drawn_or_sampled
-from anisotropy_spark.estimators import CorrectionModel
+from anisotropy_spark.estimators import CorrectionModel, numpy_dtype, output_element_type
 from anisotropy_spark.io import (
     TableRef,
     ValidatedInput,
@@ -36,6 +39,7 @@ from anisotropy_spark.io import (
 )
 from anisotropy_spark.kmeans import cluster_moments_pass
 from anisotropy_spark.output_files import file_count, scan_bytes
+from anisotropy_spark.output_pass import OutputPass, output_facts
 from anisotropy_spark.publish import (
     OutputState,
     PublishTarget,
@@ -45,7 +49,7 @@ from anisotropy_spark.publish import (
 )
 from anisotropy_spark.quarantine import DUPLICATE_ID
 from anisotropy_spark.row_sample import RowSample
-from anisotropy_spark.table_files import table_files
+from anisotropy_spark.table_files import TableFiles, table_files
 from anisotropy_spark.worker_errors import worker_error
 from jobs import evaluation
 from jobs.columns import VERSION_COLUMN
@@ -62,7 +66,7 @@ from jobs.fit_or_reuse import (
     save_fit,
     serving_artifact,
 )
-from jobs.gate import GateError, gate
+from jobs.gate import GateError, gate, gate_facts
 from jobs.index import index_stage
 from jobs.nightly_config import NightlyConfig, check_against_data
 from jobs.run_records import Applied, NeighbourOverlap, RunRecord, ServingArtifact
@@ -74,7 +78,8 @@ log = logging.getLogger("anisotropy.nightly")
 class TableState:
     """What the read and validate stages found: the input pinned (``ref``) and its DataFrame (``input_df``), the
     ``output_state`` of the output table when the run read it, the validation's result (``checked``), its ``valid``
-    rows and their ``moments``."""
+    rows and their ``moments``, the pinned version's data ``files`` (None: pyarrow cannot read them) and the
+    ``overlap_rows`` the neighbour-overlap check queries with (their ids, an Arrow array, and raw vectors (m, d))."""
 
     ref: TableRef | None = None
     input_df: DataFrame | None = None
@@ -82,6 +87,8 @@ class TableState:
     checked: ValidatedInput | None = None
     valid: DataFrame | None = None
     moments: Moments | None = None
+    files: TableFiles | None = None
+    overlap_rows: tuple[pa.Array, np.ndarray] | None = None
 
 
 @dataclasses.dataclass
@@ -117,17 +124,22 @@ class FitState:
 
 
 @dataclasses.dataclass
-class OutputFacts:
-    """The would-be output and what the gate reads of it: the ``candidate`` plan, the incremental ``new_rows``
-    (None: a full rebuild) or a full rebuild's data ``files``, the output's scalar ``metrics`` or the ``error`` that
-    stopped its diagnosis, and the ``neighbour_overlap`` of the correction."""
+class WouldBeOutput:
+    """The would-be output and what the gate reads of it: the incremental ``candidate`` plan and its ``new_rows``
+    (None: a full rebuild, whose rows the publish stage writes in its one transforming pass) or a full rebuild's
+    number of data ``files``, the output's scalar ``metrics`` or the ``error`` that stopped its diagnosis, the
+    ``rows`` its output pass produced and the ``reader`` that pass read with (full rebuild), and the
+    ``neighbour_overlap`` of the correction (over ``overlap_queries`` sampled rows when the output pass measured it)."""
 
     candidate: DataFrame | None = None
     new_rows: DataFrame | None = None
     files: int | None = None
     metrics: dict | None = None
     error: str | None = None
+    rows: int | None = None
+    reader: str | None = None
     neighbour_overlap: float | None = None
+    overlap_queries: int | None = None
 
 
 @dataclasses.dataclass
@@ -145,7 +157,7 @@ class NightlyContext:
     table: TableState = dataclasses.field(default_factory=TableState)
     findings: Findings = dataclasses.field(default_factory=Findings)
     fit: FitState = dataclasses.field(default_factory=FitState)
-    output: OutputFacts = dataclasses.field(default_factory=OutputFacts)
+    output: WouldBeOutput = dataclasses.field(default_factory=WouldBeOutput)
 
     @property
     def previous(self) -> dict | None:
@@ -211,8 +223,9 @@ def validate_input(ctx: NightlyContext, info: dict) -> None:
     total = table.input_df.count()          # Delta answers from its file statistics; sizes the sample
     files, planned = table_files(ctx.spark, table.input_df, table.ref.path, table.ref.format, config.vector_col,
                                  total, config.vector_reader)
-    columns = sampled_columns(config)
+    columns = sample_columns(config)
     drawn = RowSample(config.sample_size, total, columns=tuple(columns)) if columns or config.mixture_check else None
+    table.files = files
     checked = table.checked = validate(
         as_vector_array(table.input_df, config.vector_col), config.vector_col, config.id_col, config.dimension,
         config.on_invalid, config.quarantine_path, run_id=ctx.record.run_id, input_version=table.ref.version,
@@ -231,15 +244,19 @@ def diagnose(ctx: NightlyContext, info: dict) -> None:
     config, rec, table, findings = ctx.config, ctx.record, ctx.table, ctx.findings
     d = table.checked.dimension
     report = findings.report = diagnose_moments(table.moments)
-    columns = sampled_columns(config)
+    columns, drawn_columns = sampled_columns(config), sample_columns(config)
     info["rows"] = rec.counts.valid_rows = report.n
     rec.input_metrics = report.scalars()
     check_against_data(config, report.n, d, config.method)
-    if columns or config.mixture_check:
+    if drawn_columns or config.mixture_check:
         (vectors, values), info["sample_source"] = drawn_or_sampled(table.checked.drawn, table.valid,
-                                                                    config.vector_col, d, columns, config.sample_size,
-                                                                    report.n)
+                                                                    config.vector_col, d, drawn_columns,
+                                                                    config.sample_size, report.n)
         info["sample_rows"] = int(vectors.shape[0])
+    if not labelled(config):
+        keep = np.sort(np.random.default_rng(config.seed).choice(
+            vectors.shape[0], size=min(config.neighbour_sample, vectors.shape[0]), replace=False))
+        table.overlap_rows = pa.array(values[config.id_col][keep]), vectors[keep]
     if columns:
         findings.artefact = artefact_of_sample(vectors, values, report, config.metadata_cols, config.label_col,
                                                config.artefact_directions, config.decision, config.seed)
@@ -337,6 +354,14 @@ def evaluate(ctx: NightlyContext, info: dict) -> None:
                                                       list(candidate.directions), config, findings.recommendation)
 
 
+def sample_columns(config: NightlyConfig) -> list[str]:
+    """The columns the validation pass draws with the sample's vectors: the artefact test's
+    (:func:`jobs.diagnose.sampled_columns`) and, on a label-free night, the id column: the neighbour-overlap check
+    queries with ``neighbour_sample`` of the sampled rows, each excluding its own row."""
+    columns = sampled_columns(config)
+    return columns if labelled(config) else list(dict.fromkeys(columns + [config.id_col]))
+
+
 def labelled(config: NightlyConfig) -> bool:
     """Whether the night has labelled evidence: an ``evaluation:`` block with queries or pairs."""
     return config.evaluation is not None and config.evaluation.active
@@ -424,10 +449,10 @@ def transformed(ctx: NightlyContext, df: DataFrame) -> DataFrame:
 
 
 def apply(ctx: NightlyContext, info: dict) -> None:
-    """Full mode: the plan that transforms every valid row, NOT cached (a cached copy of a 10M × 768 table is as
-    big as the table on local disk): diagnose_output, gate and publish each recompute it from the pinned input
-    version, which gives the same rows. Incremental: only the rows appended since the previous publish
-    (cached: they are the MERGE source), unioned with the current output as the would-be table."""
+    """Full mode: nothing is planned here; :func:`diagnose_output` reads the pinned input once for the output's
+    facts and :func:`publish_output` transforms it once more as it writes (neither caches: a cached copy of a
+    10M × 768 table is as big as the table on local disk). Incremental: only the rows appended since the previous
+    publish (cached: they are the MERGE source), unioned with the current output as the would-be table."""
     config, spark, rec, table, out = ctx.config, ctx.spark, ctx.record, ctx.table, ctx.output
     rec.mode_reason = full_rebuild_reason(ctx)
     rec.mode = "full" if rec.mode_reason else "incremental"
@@ -440,18 +465,24 @@ def apply(ctx: NightlyContext, info: dict) -> None:
         out.candidate = existing.unionByName(out.new_rows, allowMissingColumns=False)
         info["rows"] = rec.counts.rows_written = out.new_rows.count()
     else:
-        out.candidate = transformed(ctx, table.valid)
         out.files = file_count(scan_bytes(table.input_df), config.target_file_mb)
 
 
 def diagnose_output(ctx: NightlyContext, info: dict) -> None:
-    """Diagnose the would-be output; a failure (e.g. a non-finite vector) is left for the gate to report. A row the
+    """Diagnose the would-be output. Full mode: ONE pass over the pinned input (:func:`output_pass`) gives the
+    rows, the output's unit-vector and length sums (its full moments for a correction that is not affine) and, on a
+    label-free night, the neighbour-overlap lists; the moments of an affine correction follow from the input's
+    (:mod:`anisotropy_core.output_facts`). Incremental: the would-be table (current output and new rows) is
+    diagnosed by a pass over it. A failure (e.g. a non-finite vector) is left for the gate to report. A row the
     transform cannot map (:class:`~anisotropy_spark.contract.TransformRowError`, e.g. a value that overflows
     float32 after the cast, raised in a worker and received by its class) leaves no output to gate: GateError
     naming the row."""
     out = ctx.output
     try:
-        out.metrics = diagnose_dataframe(out.candidate, ctx.config.out_col, ctx.fit.d_out).scalars()
+        if out.new_rows is None:
+            output_pass(ctx, info)
+        else:
+            out.metrics = diagnose_dataframe(out.candidate, ctx.config.out_col, ctx.fit.d_out).scalars()
     except Exception as exc:  # noqa: BLE001 — a worker's error arrives wrapped by Spark; only typed ones are handled
         found = worker_error(exc) or exc
         if isinstance(found, TransformRowError):
@@ -462,14 +493,46 @@ def diagnose_output(ctx: NightlyContext, info: dict) -> None:
     ctx.record.output_metrics = out.metrics
 
 
+def output_pass(ctx: NightlyContext, info: dict) -> None:
+    """The full rebuild's output facts (:func:`anisotropy_spark.output_pass.output_facts`): the pinned input read
+    once (pyarrow where the validation pass could, else Spark's scan), its valid rows kept as the validation kept
+    them (contract, norm-outlier limit, duplicated ids) and transformed as the write will; sets the output's
+    ``metrics``, its ``rows`` and, on a label-free night with a transform, the ``neighbour_overlap``."""
+    config, table, out, model = ctx.config, ctx.table, ctx.output, ctx.fit.model
+    transform = model.transform_ if model is not None else None
+    vectors = as_vector_array(table.input_df, config.vector_col)
+    element = output_element_type(config.output_dtype, vectors.schema[config.vector_col].dataType.elementType)
+    duplicates = table.checked.duplicates
+    overlap = None
+    if table.overlap_rows is not None and transform is not None:
+        overlap = OverlapQueries.of(table.overlap_rows[1], transform, config.neighbour_k)
+    spec = OutputPass(config.vector_col, config.id_col, table.checked.dimension, transform, numpy_dtype(element),
+                      table.checked.max_norm,
+                      duplicates.ids.toArrow().column(0).combine_chunks() if duplicates and duplicates.tally.total
+                      else None, overlap, table.overlap_rows[0] if overlap is not None else None)
+    facts, out.reader = output_facts(vectors, table.files, spec)
+    info["reader"] = out.reader
+    out.rows = info["rows"] = facts.rows
+    moments = facts.output_moments(table.moments, transform) if transform is not None else table.moments
+    out.metrics = diagnose_moments(moments).scalars()
+    if overlap is not None:
+        out.neighbour_overlap = float(neighbour_overlap(facts.raw_top[1], facts.corrected_top[1]).mean())
+        out.overlap_queries = overlap.size
+
+
 def gate_output(ctx: NightlyContext, info: dict) -> None:
-    """:func:`jobs.gate.gate` (counts and bounds), the neighbour-overlap gate (:func:`neighbour_gate`) and, for an
+    """:func:`jobs.gate.gate_facts` of a full rebuild's output pass, or :func:`jobs.gate.gate` of the incremental
+    would-be table (counts and bounds), the neighbour-overlap gate (:func:`neighbour_gate`) and, for an
     explicitly configured method with an ``evaluation:`` block, the quality gate (:func:`quality_gate`). Every
     failed check is listed in ONE GateError (nothing is published)."""
     rec, out = ctx.record, ctx.output
     problems = []
     try:
-        rec.counts.update(**gate(out.candidate, ctx.table.valid, ctx.config, ctx.fit.d_out, out.metrics, out.error))
+        if out.new_rows is None:
+            counts = gate_facts(out.rows, ctx.table.moments.n, ctx.config, ctx.fit.d_out, out.metrics, out.error)
+        else:
+            counts = gate(out.candidate, ctx.table.valid, ctx.config, ctx.fit.d_out, out.metrics, out.error)
+        rec.counts.update(**counts)
         info["rows"] = rec.counts.output_rows
         if rec.mode == "full":
             rec.counts.rows_written = info["rows"]
@@ -511,7 +574,7 @@ def quality_gate(ctx: NightlyContext) -> list[str]:
 
 def neighbour_gate(ctx: NightlyContext) -> list[str]:
     """The mean overlap of each sampled corpus row's raw top-k with its corrected top-k (own row excluded), from
-    the evaluation pass when it measured it, else one pass now; recorded as ``neighbour_overlap`` and refused
+    the evaluation pass or a full rebuild's output pass when one measured it, else one pass now; recorded as ``neighbour_overlap`` and refused
     below ``min_neighbour_overlap``. Returns the problem (empty when it passes)."""
     config, out = ctx.config, ctx.output
     if out.neighbour_overlap is None:
@@ -520,7 +583,8 @@ def neighbour_gate(ctx: NightlyContext) -> list[str]:
             ctx.fit.model.transform_ if ctx.fit.model is not None else None, overlap_sample(config))
     value = out.neighbour_overlap
     passes = value >= config.min_neighbour_overlap
-    ctx.record.neighbour_overlap = NeighbourOverlap(mean=value, k=config.neighbour_k, rows=config.neighbour_sample,
+    rows = out.overlap_queries or config.neighbour_sample
+    ctx.record.neighbour_overlap = NeighbourOverlap(mean=value, k=config.neighbour_k, rows=rows,
                                                     min=config.min_neighbour_overlap, passes=passes)
     if passes:
         return []
@@ -541,7 +605,8 @@ def reject_fit(ctx: NightlyContext, reason: str) -> None:
 
 def publish_output(ctx: NightlyContext, info: dict) -> None:
     """ONE Delta commit with the run's metadata; see :func:`anisotropy_spark.publish.publish`. A full rebuild is
-    written as at most ``output_files`` data files (:mod:`anisotropy_spark.output_files`; ``counts.output_files``)."""
+    :func:`written_rows`, written as at most ``output_files`` data files (:mod:`anisotropy_spark.output_files`;
+    ``counts.output_files``)."""
     config, rec, out, current = ctx.config, ctx.record, ctx.output, ctx.table.output_state
     meta = {"run_id": rec.run_id, "input_path": config.input, "input_version": ctx.table.ref.version,
             "transform_version": ctx.fit.transform_version, "artifact": rec.applied.artifact, "method": ctx.fit.method,
@@ -549,10 +614,31 @@ def publish_output(ctx: NightlyContext, info: dict) -> None:
     target = PublishTarget(config.output, config.id_col, config.app_id)
     candidate = out.candidate
     if out.new_rows is None:
-        candidate = candidate.coalesce(out.files)
+        candidate = written_rows(ctx).coalesce(out.files)
         rec.counts.output_files = out.files
     rec.output.version = publish(ctx.spark, target, candidate, out.new_rows, meta, current.version)
     rec.status = "published"
+
+
+def written_rows(ctx: NightlyContext) -> DataFrame:
+    """A full rebuild's output rows in ONE transforming pass over the pinned input: the model's ``transform`` with
+    ``handleInvalid`` ``keep`` and the validation's norm-outlier limit (``maxNorm``), on pyarrow's read of the data
+    files where the output pass read them (:meth:`~anisotropy_spark.estimators.CorrectionModel.transform_files`),
+    else on Spark's scan; the invalid rows and every copy of a duplicated id left out, as the validation left them
+    out. Method none: the valid rows as they are (:func:`transformed`)."""
+    config, table = ctx.config, ctx.table
+    if ctx.fit.model is None:
+        return transformed(ctx, table.valid)
+    model = ctx.fit.model.copy().setHandleInvalid("keep").setIdCol(config.id_col).setMaxNorm(table.checked.max_norm)
+    model.setOutputDtype(config.output_dtype)
+    rows = model.transform_files(ctx.spark, table.files) if table.files is not None and ctx.output.reader == "pyarrow" \
+        else model.transform(as_vector_array(table.input_df, config.vector_col))
+    rows = rows.where(F.col(REASON_COLUMN).isNull()).drop(REASON_COLUMN)
+    if table.checked.duplicates is not None:
+        rows = table.checked.duplicates.drop_from(rows)
+    if config.out_col != config.vector_col:
+        rows = rows.drop(config.vector_col)
+    return rows.withColumn(VERSION_COLUMN, F.lit(ctx.fit.transform_version))
 
 
 def build_index(ctx: NightlyContext, info: dict) -> None:
