@@ -24,7 +24,7 @@ from anisotropy_core.diagnostics import diagnose as diagnose_moments
 from anisotropy_core.evaluation import neighbour_overlap
 from anisotropy_core.methods import Method
 from anisotropy_core.mixture_evidence import mixture_check
-from anisotropy_core.output_facts import OverlapQueries
+from anisotropy_core.output_facts import OutputFacts, OverlapQueries
 from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import FittedTransform
 from anisotropy_spark.contract import REASON_COLUMN, TransformRowError, require_schema
@@ -69,7 +69,7 @@ from jobs.fit_or_reuse import (
 from jobs.gate import GateError, gate, gate_facts
 from jobs.index import index_stage
 from jobs.nightly_config import NightlyConfig, check_against_data
-from jobs.run_records import Applied, NeighbourOverlap, RunRecord, ServingArtifact
+from jobs.run_records import Applied, NeighbourOverlap, OutputSums, RunRecord, ServingArtifact, read_record
 
 log = logging.getLogger("anisotropy.nightly")
 
@@ -129,7 +129,9 @@ class WouldBeOutput:
     (None: a full rebuild, whose rows the publish stage writes in its one transforming pass) or a full rebuild's
     number of data ``files``, the output's scalar ``metrics`` or the ``error`` that stopped its diagnosis, the
     ``rows`` its output pass produced and the ``reader`` that pass read with (full rebuild), and the
-    ``neighbour_overlap`` of the correction (over ``overlap_queries`` sampled rows when the output pass measured it)."""
+    ``neighbour_overlap`` of the correction (over ``overlap_queries`` sampled rows when the output pass measured it);
+    on an incremental night summed from the last publish (:func:`summed_incremental`), the ``appended`` data files
+    and the ``previous`` publish's run record."""
 
     candidate: DataFrame | None = None
     new_rows: DataFrame | None = None
@@ -140,6 +142,8 @@ class WouldBeOutput:
     reader: str | None = None
     neighbour_overlap: float | None = None
     overlap_queries: int | None = None
+    appended: TableFiles | None = None
+    previous: RunRecord | None = None
 
 
 @dataclasses.dataclass
@@ -452,11 +456,16 @@ def apply(ctx: NightlyContext, info: dict) -> None:
     """Full mode: nothing is planned here; :func:`diagnose_output` reads the pinned input once for the output's
     facts and :func:`publish_output` transforms it once more as it writes (neither caches: a cached copy of a
     10M × 768 table is as big as the table on local disk). Incremental: only the rows appended since the previous
-    publish (cached: they are the MERGE source), unioned with the current output as the would-be table."""
+    publish, the MERGE source: read from the data files the input gained (:func:`appended_files`) when the last
+    publish recorded its output's sums and the correction is affine (:func:`summed_incremental`: the
+    would-be table's facts are then the last publish's plus the new rows', no published row is read); else the new
+    valid rows (cached) unioned with the current output as the would-be table, which the gate reads."""
     config, spark, rec, table, out = ctx.config, ctx.spark, ctx.record, ctx.table, ctx.output
     rec.mode_reason = full_rebuild_reason(ctx)
     rec.mode = "full" if rec.mode_reason else "incremental"
-    if rec.mode == "incremental":
+    if rec.mode == "incremental" and summed_incremental(ctx):
+        out.new_rows = written_rows(ctx, out.appended)
+    elif rec.mode == "incremental":
         old_ids = read_table(spark, config.input, ctx.previous["input_version"])[0].select(config.id_col)
         new_valid = table.valid.join(old_ids, config.id_col, "left_anti")
         out.new_rows = transformed(ctx, new_valid).persist(StorageLevel.MEMORY_AND_DISK)
@@ -466,6 +475,30 @@ def apply(ctx: NightlyContext, info: dict) -> None:
         info["rows"] = rec.counts.rows_written = out.new_rows.count()
     else:
         out.files = file_count(scan_bytes(table.input_df), config.target_file_mb)
+
+
+def summed_incremental(ctx: NightlyContext) -> bool:
+    """Whether this incremental night can gate on sums: the last publish's record holds its :class:`OutputSums`,
+    the correction is affine (its output moments follow from the input's), and pyarrow can read the input's
+    data files; then sets the output's ``appended`` files and ``previous`` record."""
+    model, out = ctx.fit.model, ctx.output
+    if ctx.table.files is None or model is None or model.transform_.linear_map() is None:
+        return False
+    previous = read_record(ctx.config, ctx.previous["run_id"])
+    if previous is None or previous.output_sums is None:
+        return False
+    out.previous, out.appended = previous, appended_files(ctx)
+    return True
+
+
+def appended_files(ctx: NightlyContext) -> TableFiles:
+    """The data files the pinned input gained since the input version of the last publish (every commit since an
+    append: :func:`full_rebuild_reason`), with their row count."""
+    config, files = ctx.config, ctx.table.files
+    before, _ = read_table(ctx.spark, config.input, ctx.previous["input_version"])
+    known = set(before.inputFiles())
+    return dataclasses.replace(files, uris=tuple(uri for uri in files.uris if uri not in known),
+                               rows=files.rows - before.count())
 
 
 def diagnose_output(ctx: NightlyContext, info: dict) -> None:
@@ -479,7 +512,7 @@ def diagnose_output(ctx: NightlyContext, info: dict) -> None:
     naming the row."""
     out = ctx.output
     try:
-        if out.new_rows is None:
+        if out.new_rows is None or out.appended is not None:
             output_pass(ctx, info)
         else:
             out.metrics = diagnose_dataframe(out.candidate, ctx.config.out_col, ctx.fit.d_out).scalars()
@@ -500,19 +533,27 @@ def output_pass(ctx: NightlyContext, info: dict) -> None:
     ``metrics``, its ``rows`` and, on a label-free night with a transform, the ``neighbour_overlap``."""
     config, table, out, model = ctx.config, ctx.table, ctx.output, ctx.fit.model
     transform = model.transform_ if model is not None else None
-    vectors = as_vector_array(table.input_df, config.vector_col)
+    files = out.appended if out.appended is not None else table.files
+    source = table.input_df if out.appended is None else \
+        ctx.spark.read.schema(table.input_df.schema).parquet(*out.appended.uris)
+    vectors = as_vector_array(source, config.vector_col)
     element = output_element_type(config.output_dtype, vectors.schema[config.vector_col].dataType.elementType)
     duplicates = table.checked.duplicates
     overlap = None
-    if table.overlap_rows is not None and transform is not None:
+    if table.overlap_rows is not None and transform is not None and out.appended is None:
         overlap = OverlapQueries.of(table.overlap_rows[1], transform, config.neighbour_k)
     spec = OutputPass(config.vector_col, config.id_col, table.checked.dimension, transform, numpy_dtype(element),
                       table.checked.max_norm,
                       duplicates.ids.toArrow().column(0).combine_chunks() if duplicates and duplicates.tally.total
                       else None, overlap, table.overlap_rows[0] if overlap is not None else None)
-    facts, out.reader = output_facts(vectors, table.files, spec)
+    facts, out.reader = output_facts(vectors, files, spec)
     info["reader"] = out.reader
+    if out.previous is not None:                   # an incremental night: the last publish's rows and these
+        sums = out.previous.output_sums
+        facts = facts.merge(OutputFacts(sums.rows, np.asarray(sums.sum_unit), sums.sum_norm))
+        ctx.record.counts.rows_written = facts.rows - sums.rows
     out.rows = info["rows"] = facts.rows
+    ctx.record.output_sums = OutputSums(facts.rows, facts.sum_norm, facts.sum_unit.tolist())
     moments = facts.output_moments(table.moments, transform) if transform is not None else table.moments
     out.metrics = diagnose_moments(moments).scalars()
     if overlap is not None:
@@ -528,7 +569,7 @@ def gate_output(ctx: NightlyContext, info: dict) -> None:
     rec, out = ctx.record, ctx.output
     problems = []
     try:
-        if out.new_rows is None:
+        if out.new_rows is None or out.appended is not None:
             counts = gate_facts(out.rows, ctx.table.moments.n, ctx.config, ctx.fit.d_out, out.metrics, out.error)
         else:
             counts = gate(out.candidate, ctx.table.valid, ctx.config, ctx.fit.d_out, out.metrics, out.error)
@@ -574,9 +615,18 @@ def quality_gate(ctx: NightlyContext) -> list[str]:
 
 def neighbour_gate(ctx: NightlyContext) -> list[str]:
     """The mean overlap of each sampled corpus row's raw top-k with its corrected top-k (own row excluded), from
-    the evaluation pass or a full rebuild's output pass when one measured it, else one pass now; recorded as ``neighbour_overlap`` and refused
+    the evaluation pass or a full rebuild's output pass when one measured it, carried over from the last publish on a
+    summed incremental night (the same transform, only appended rows: ``carried_from`` names the run that measured
+    it), else one pass now; recorded as ``neighbour_overlap`` and refused
     below ``min_neighbour_overlap``. Returns the problem (empty when it passes)."""
     config, out = ctx.config, ctx.output
+    carried = out.previous.neighbour_overlap if out.previous is not None else None
+    if out.neighbour_overlap is None and carried is not None:
+        ctx.record.neighbour_overlap = dataclasses.replace(carried, min=config.min_neighbour_overlap,
+                                                           passes=carried.mean >= config.min_neighbour_overlap,
+                                                           carried_from=carried.carried_from or out.previous.run_id)
+        out.neighbour_overlap = carried.mean
+        return [] if ctx.record.neighbour_overlap.passes else [overlap_problem(config, carried.mean)]
     if out.neighbour_overlap is None:
         out.neighbour_overlap = evaluation.neighbour_check(
             ctx.table.valid, config.vector_col, config.id_col, ctx.findings.report.d,
@@ -586,10 +636,13 @@ def neighbour_gate(ctx: NightlyContext) -> list[str]:
     rows = out.overlap_queries or config.neighbour_sample
     ctx.record.neighbour_overlap = NeighbourOverlap(mean=value, k=config.neighbour_k, rows=rows,
                                                     min=config.min_neighbour_overlap, passes=passes)
-    if passes:
-        return []
-    return [f"neighbour overlap {value:.3f} < min_neighbour_overlap {config.min_neighbour_overlap:g}: the correction "
-            f"keeps {value:.0%} of each sampled row's raw top-{config.neighbour_k} neighbours"]
+    return [] if passes else [overlap_problem(config, value)]
+
+
+def overlap_problem(config: NightlyConfig, value: float) -> str:
+    """The neighbour gate's refusal of a mean overlap ``value``."""
+    return (f"neighbour overlap {value:.3f} < min_neighbour_overlap {config.min_neighbour_overlap:g}: the correction "
+            f"keeps {value:.0%} of each sampled row's raw top-{config.neighbour_k} neighbours")
 
 
 def reject_fit(ctx: NightlyContext, reason: str) -> None:
@@ -620,18 +673,20 @@ def publish_output(ctx: NightlyContext, info: dict) -> None:
     rec.status = "published"
 
 
-def written_rows(ctx: NightlyContext) -> DataFrame:
+def written_rows(ctx: NightlyContext, appended: TableFiles | None = None) -> DataFrame:
     """A full rebuild's output rows in ONE transforming pass over the pinned input: the model's ``transform`` with
     ``handleInvalid`` ``keep`` and the validation's norm-outlier limit (``maxNorm``), on pyarrow's read of the data
     files where the output pass read them (:meth:`~anisotropy_spark.estimators.CorrectionModel.transform_files`),
     else on Spark's scan; the invalid rows and every copy of a duplicated id left out, as the validation left them
-    out. Method none: the valid rows as they are (:func:`transformed`)."""
+    out. Method none: the valid rows as they are (:func:`transformed`). ``appended``: the rows of these data files
+    only (an incremental night's new rows; a model is required)."""
     config, table = ctx.config, ctx.table
     if ctx.fit.model is None:
         return transformed(ctx, table.valid)
     model = ctx.fit.model.copy().setHandleInvalid("keep").setIdCol(config.id_col).setMaxNorm(table.checked.max_norm)
     model.setOutputDtype(config.output_dtype)
-    rows = model.transform_files(ctx.spark, table.files) if table.files is not None and ctx.output.reader == "pyarrow" \
+    files = appended if appended is not None else table.files if ctx.output.reader == "pyarrow" else None
+    rows = model.transform_files(ctx.spark, files) if files is not None \
         else model.transform(as_vector_array(table.input_df, config.vector_col))
     rows = rows.where(F.col(REASON_COLUMN).isNull()).drop(REASON_COLUMN)
     if table.checked.duplicates is not None:

@@ -127,13 +127,26 @@ class Applied:
 @dataclasses.dataclass
 class NeighbourOverlap:
     """The neighbour gate: the ``mean`` share of each sampled row's raw top-``k`` kept by the correction over
-    ``rows`` sampled rows, the ``min`` it must reach, and whether it ``passes``."""
+    ``rows`` sampled rows, the ``min`` it must reach, and whether it ``passes``; ``carried_from``: the run that
+    measured it, when an incremental night (the same transform, only appended rows) carries its measure over."""
 
     mean: float
     k: int
     rows: int
     min: float
     passes: bool
+    carried_from: str | None = None
+
+
+@dataclasses.dataclass
+class OutputSums:
+    """What a published output's moments need beyond the input's (:mod:`anisotropy_core.output_facts`): its
+    ``rows``, the sum of its rows' lengths ``sum_norm`` and of their unit vectors ``sum_unit`` (d_out floats). An
+    incremental night adds its new rows' sums to the last publish's instead of reading the published rows again."""
+
+    rows: int
+    sum_norm: float
+    sum_unit: list[float]
 
 
 @dataclasses.dataclass
@@ -149,7 +162,7 @@ class RunRecord:
     valid input / the would-be output); ``artefact`` (the artefact test, None without metadata or label columns);
     ``clusters`` (the mixture check, or why it was skipped); ``recommendation``; ``evidence`` (``labelled`` |
     ``label_free``); ``evaluation`` (the held-out evaluation or the quality gate's record); ``applied``;
-    ``neighbour_overlap``; ``index`` (:func:`jobs.index.index_stage`'s record); ``found_by`` (a killed run: the run
+    ``neighbour_overlap``; ``output_sums`` (:class:`OutputSums` of the would-be output); ``index`` (:func:`jobs.index.index_stage`'s record); ``found_by`` (a killed run: the run
     that found it dead).
     """
 
@@ -177,6 +190,7 @@ class RunRecord:
     evaluation: dict[str, Any] | None = None
     applied: Applied | None = None
     neighbour_overlap: NeighbourOverlap | None = None
+    output_sums: OutputSums | None = None
     index: dict[str, Any] | None = None
     found_by: str | None = None
 
@@ -196,7 +210,7 @@ class RunRecord:
 
 
 NESTED = {"input": InputVersion, "output": OutputVersions, "counts": Counts, "serving_artifact": ServingArtifact,
-          "recommendation": Recommendation, "applied": Applied, "neighbour_overlap": NeighbourOverlap}
+          "recommendation": Recommendation, "applied": Applied, "neighbour_overlap": NeighbourOverlap, "output_sums": OutputSums}
 
 
 def new_record(config: NightlyConfig) -> RunRecord:
@@ -287,6 +301,14 @@ def runs_row(rec: dict, text: str) -> tuple:
             rec["output"].get("version"), (rec["recommendation"] or {}).get("method"),
             (rec["applied"] or {}).get("method"), (rec["applied"] or {}).get("transform_version"),
             json.dumps(rec["evaluation"], sort_keys=True) if rec.get("evaluation") else None, text)
+
+
+def read_record(config: NightlyConfig, run_id: str) -> RunRecord | None:
+    """The record of run ``run_id`` in ``runs_dir``; None when it is missing or unreadable."""
+    try:
+        return RunRecord.from_json(json.loads(storage.read_text(storage.join(config.runs_dir, f"{run_id}.json"))))
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def write_records(spark: SparkSession, config: NightlyConfig, records: list[RunRecord]) -> None:

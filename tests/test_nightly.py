@@ -365,3 +365,37 @@ def test_explicit_abtt_without_D_removes_the_artefact_set_else_the_unverified_ru
     _, X, _ = corpus(n=400, d=250)
     fitted = estimator_for("abtt", params, "vector").fitMoments(Moments.of_batch(X)).transform_
     assert fitted.directions == [1, 2] and fitted.d_rule == "rule_of_thumb_d/100 (unverified)"
+
+
+def test_the_summed_incremental_night_gates_on_what_a_pass_over_the_output_measures(spark, tmp_path):
+    """Issue 46: a full rebuild's metrics come from its one output pass (affine: the input moments' image) and an
+    incremental night's from the last publish's recorded sums plus the new rows'; both equal a pass over the table
+    they published (float64 vectors: to 1e-9). The incremental night reads no published row: its neighbour overlap
+    is carried from the run that measured it, and only the appended rows are transformed (rows_written)."""
+    from anisotropy_spark.diagnostics import diagnose_dataframe
+
+    ids, X, tokens = corpus()
+    write_input(spark, str(tmp_path / "input"), ids, X, tokens)
+    conf = job_config(tmp_path, method="abtt", abtt_D=2, metadata_cols=[])
+    output = str(tmp_path / "output")
+    skip = ("mp_above_upper", "numerical_rank", "power_law_alpha", "erank_alpha")    # counts and fitted slopes
+    assert nightly.main(["--conf", conf]) == 0
+    first = record(tmp_path)
+    assert first["mode"] == "full" and first["output_sums"]["rows"] == N
+    assert first["neighbour_overlap"]["carried_from"] is None and first["neighbour_overlap"]["rows"] <= N
+    measured = diagnose_dataframe(spark.read.format("delta").load(output), "vector", D).scalars()
+    for key, value in measured.items():
+        if key not in skip:
+            assert first["output_metrics"][key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+    new_ids, X_new, tokens_new = corpus(n=20, seed=1, start=1000)
+    write_input(spark, str(tmp_path / "input"), new_ids, X_new, tokens_new, mode="append", invalid=False)
+    assert nightly.main(["--conf", conf]) == 0
+    second = record(tmp_path, "published")
+    assert second["mode"] == "incremental" and second["counts"]["rows_written"] == 20
+    assert second["counts"]["output_rows"] == second["output_sums"]["rows"] == N + 20
+    assert second["neighbour_overlap"]["carried_from"] == first["run_id"]
+    assert stage(second, "diagnose_output")["rows"] == N + 20
+    measured = diagnose_dataframe(spark.read.format("delta").load(output), "vector", D).scalars()
+    for key, value in measured.items():
+        if key not in skip:
+            assert second["output_metrics"][key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
