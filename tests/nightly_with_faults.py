@@ -2,9 +2,9 @@
 ``spark-submit tests/nightly_with_faults.py``, same flags as ``jobs/nightly.py``). Production code has no fault
 hooks: this script wraps stages of :data:`jobs.nightly_stages.STAGES`, chosen by environment variables:
 
-``FAIL_TASK_ONCE=DIR`` — the first attempt of partition 0 of each pass the gate makes over the valid rows writes
-``DIR/failed-once`` and raises (Spark must retry it; the diagnosis reads no rows of its own since issue 43: its
-artefact test runs on the moments pass's sample); ``FAIL_AFTER_STAGE=NAME`` — ``os._exit(137)`` right after stage NAME (a kill);
+``FAIL_TASK_ONCE=DIR`` — the first attempt of partition 0 of the output pass (the full rebuild's one pass before
+its write, in the ``diagnose_output`` stage, read through Spark's scan here) writes ``DIR/failed-once`` and raises
+(Spark must retry it; since issue 46 the gate reads no rows: it decides on that pass's facts); ``FAIL_AFTER_STAGE=NAME`` — ``os._exit(137)`` right after stage NAME (a kill);
 ``PUBLISH_BARRIER=DIR:N`` — wait before publishing until N runs have reached that point (forces a race).
 """
 import logging
@@ -39,14 +39,15 @@ def fail_task_once(df: DataFrame, marker_dir: str) -> DataFrame:
     return df.mapInArrow(passthrough, df.schema)
 
 
-def failing_over_valid_rows(stage, marker_dir):
+def failing_output_pass(stage, marker_dir):
     def run(ctx, info):
-        valid = ctx.table.valid
-        ctx.table.valid = fail_task_once(valid, marker_dir)
+        table = ctx.table
+        source, files = table.input_df, table.files
+        table.input_df, table.files = fail_task_once(source, marker_dir), None
         try:
             stage(ctx, info)
         finally:
-            ctx.table.valid = valid
+            table.input_df, table.files = source, files
     return run
 
 
@@ -75,8 +76,8 @@ def behind_barrier(stage, spec):
 def with_faults(stages):
     wrapped = []
     for name, stage in stages:
-        if name == "gate" and os.environ.get("FAIL_TASK_ONCE"):
-            stage = failing_over_valid_rows(stage, os.environ["FAIL_TASK_ONCE"])
+        if name == "diagnose_output" and os.environ.get("FAIL_TASK_ONCE"):
+            stage = failing_output_pass(stage, os.environ["FAIL_TASK_ONCE"])
         if name == "publish" and os.environ.get("PUBLISH_BARRIER"):
             stage = behind_barrier(stage, os.environ["PUBLISH_BARRIER"])
         if name == os.environ.get("FAIL_AFTER_STAGE"):
