@@ -184,7 +184,7 @@ def before_after_figure(before: Mapping, after: Mapping, before_samples: np.ndar
     _draw_spectrum(ax, after, AFTER_COLOUR, "after", band=True)
     ax.set_title("Spectrum before / after", fontsize=10)
     ax.legend(fontsize=7, loc="lower left")
-    if with_cosines:
+    if before_samples is not None and after_samples is not None:   # with_cosines
         ax = fig.add_subplot(1, panels, 2)
         _draw_cosines(ax, before_samples, BEFORE_COLOUR, "before", 0)
         _draw_cosines(ax, after_samples, AFTER_COLOUR, "after", 0)
