@@ -319,25 +319,23 @@ class ClusterRecenterModel(CorrectionModel, _ClusterRecenterParams):
     @property
     def clusterCenters(self) -> np.ndarray:
         """(k, d) the assignment centroids (unit rows for cosine; read-only)."""
-        return read_only(self.transform_.centroids)
+        return read_only(self.fitted(ClusterRecenter).centroids)
 
     @property
     def clusterMeans(self) -> np.ndarray:
         """(k, d) each cluster's mean of the raw vectors, what is subtracted (read-only)."""
-        return read_only(self.transform_.means)
+        return read_only(self.fitted(ClusterRecenter).means)
 
     @property
     def clusterSizes(self) -> np.ndarray:
         """(k,) int64 fitting rows per cluster (read-only)."""
-        return read_only(self.transform_.sizes)
+        return read_only(self.fitted(ClusterRecenter).sizes)
 
     def extra_output_fields(self) -> list[StructField]:
         return [StructField(self.getPredictionCol(), IntegerType(), True)]
 
     def batch_outputs(self) -> BatchOutputs:
-        if not isinstance(self.transform_, ClusterRecenter):
-            raise TypeError(f"a ClusterRecenterModel holds a ClusterRecenter, got {type(self.transform_).__name__}")
-        return cluster_outputs(self.transform_)
+        return cluster_outputs(self.fitted(ClusterRecenter))
 
 
 def cluster_outputs(transform: ClusterRecenter) -> BatchOutputs:
