@@ -47,7 +47,7 @@ from pyspark.sql.types import ArrayType, DoubleType, FloatType, StringType, Stru
 from anisotropy_core import storage
 from anisotropy_core.artifact import Artifact, ArtifactError, build_manifest, load_artifact, save_artifact
 from anisotropy_core.flow import FlowTransform, fit_flow
-from anisotropy_core.methods import Method, param_name, settings_of
+from anisotropy_core.methods import Method, OutputDtype, param_name, settings_of
 from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import (AbttPcaAbtt, AllButTheTop, FitData, FittedTransform, Whitening, fit_abtt,
                                         fit_abtt_pca_abtt, fit_center, fit_whitening)
@@ -58,8 +58,8 @@ from .contract import (REASON_COLUMN, ForeignDimensionError, SchemaError, Transf
 from .diagnostics import sample_rows
 from .io import TableRef, as_vector_array, infer_dimension
 from .moments import arrow_batch_rows, corpus_moments
-from .params import (_AbttPcaAbttParams, _AllButTheTopParams, _CorrectionParams, _FlowParams, _TransformParams,
-                     _WhiteningParams)
+from .params import (HandleInvalid, _AbttPcaAbttParams, _AllButTheTopParams, _CorrectionParams, _FlowParams,
+                     _TransformParams, _WhiteningParams)
 from .table_files import TableFiles
 from .worker_errors import raised_in_workers
 
@@ -380,6 +380,14 @@ class CorrectionModel(Model, _CorrectionParams, _TransformParams, MLReadable, ML
     …) hold the fitted values and are read-only; the fitted arrays are read-only properties (:attr:`mean`, and
     per method e.g. :attr:`AllButTheTopModel.components`).
     """
+
+    # the setters _add_setters gives every model, typed (a subclass adds those of its own output columns)
+    setInputCol: Callable[[str], CorrectionModel]
+    setOutputCol: Callable[[str], CorrectionModel]
+    setOutputDtype: Callable[[OutputDtype], CorrectionModel]
+    setHandleInvalid: Callable[[HandleInvalid], CorrectionModel]
+    setIdCol: Callable[[str], CorrectionModel]
+    setMaxNorm: Callable[[float | None], CorrectionModel]
 
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)

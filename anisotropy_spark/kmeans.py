@@ -52,7 +52,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, FloatType, IntegerType, StructField
 
-from anisotropy_core.cluster_diagnostics import cluster_diagnostics, cluster_moments, merge_cluster_moments
+from anisotropy_core.cluster_diagnostics import ClusterTable, cluster_diagnostics, cluster_moments, merge_cluster_moments
 from anisotropy_core.cluster_recenter import ClusterRecenter, kmeans_info
 from anisotropy_core.kmeans import (DEFAULT_CORRECTED_ITER, DEFAULT_INIT_STEPS, DEFAULT_MAX_ITER, DEFAULT_OVERSAMPLING,
                                     DEFAULT_REFINE_PASSES, DEFAULT_SAMPLE_SIZE, DEFAULT_TOL, ClusterState, KeyedSample,
@@ -299,7 +299,7 @@ def spark_fit_cluster_recenter(vectors: DataFrame, vector_col: str, dimension: i
 
 
 def spark_cluster_diagnostics(df: DataFrame, vector_col: str, centroids: np.ndarray, metric: str = "euclidean",
-                              dimension: int | None = None) -> dict:
+                              dimension: int | None = None) -> ClusterTable:
     """Per-cluster diagnosis table of ``df`` for the clusters of ``centroids`` (k, d): one pass, then
     :func:`anisotropy_core.cluster_diagnostics.cluster_diagnostics` (see there for the returned dict)."""
     vectors = as_vector_array(df.select(vector_col), vector_col)

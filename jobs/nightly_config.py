@@ -32,7 +32,7 @@ CORE_METRICS = Diagnosis.scalar_names()
 
 # method → {its setting: the nightly key holding it}; a setting absent here takes the method's default, but
 # abtt's ``max_D`` (the ``decision`` block's) and ``directions`` (the artefact evidence): see fit_params
-NIGHTLY_KEYS: dict[Method, dict[str, str]] = {
+NIGHTLY_KEYS: dict[str, dict[str, str]] = {   # keyed by Method, looked up by its name too
     Method.CENTER: {},
     Method.ABTT: {"D": "abtt_D"},
     Method.ABTT_PCA_ABTT: {"D": "abtt_D", "k": "pca_k", "D2": "abtt_D2"},

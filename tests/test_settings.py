@@ -131,6 +131,13 @@ def test_typed_getters_are_the_generated_ones(mixin):
         assert typing.get_args(hints[name]) == ([], generated[name].hint), name
 
 
+def test_typed_model_setters_are_the_added_ones():
+    """CorrectionModel annotates (for mypy) exactly the setters every model gets: one per settable Param."""
+    own = {name for name in vars(CorrectionModel).get("__annotations__", {}) if name.startswith("set")}
+    assert own == {setter(name) for name in CorrectionModel._settable_params()}
+    assert all(callable(getattr(CorrectionModel, name)) for name in own)
+
+
 @pytest.mark.parametrize("make", [
     lambda: AllButTheTopEstimator(D=-1), lambda: AllButTheTopEstimator().setMaxD(-2),
     lambda: WhiteningEstimator(k=0), lambda: WhiteningEstimator().setShrinkage(2.0),
