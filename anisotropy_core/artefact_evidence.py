@@ -22,9 +22,12 @@ are left out of the metadata test and counted (``rows_missing_metadata``); a con
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
+
+if TYPE_CHECKING:                  # decision imports this module's defaults
+    from .decision import ArtefactDirection, ArtefactEvidence
 
 DEFAULT_DIRECTIONS = 10     # principal directions the test looks at
 DEFAULT_PERMUTATIONS = 999
@@ -133,7 +136,7 @@ def label_test(projections: np.ndarray, sd: np.ndarray, labels: np.ndarray, coun
 def direction_test(projections: np.ndarray, eigenvalues: np.ndarray, metadata: Mapping[str, Any] | None = None,
                    labels: np.ndarray | None = None, permutations_count: int = DEFAULT_PERMUTATIONS, seed: int = 0,
                    alpha: float = DEFAULT_ALPHA, artefact_corr: float = 0.5,
-                   label_separation: float = 1.0) -> dict:
+                   label_separation: float = 1.0) -> ArtefactEvidence:
     """The per-direction artefact test of a sample (see the module docstring).
 
     ``projections``: (m, K) (v − μ)·u_j of m sampled rows on the top K principal directions; ``eigenvalues``: (K,)
@@ -178,7 +181,7 @@ def direction_test(projections: np.ndarray, eigenvalues: np.ndarray, metadata: M
             raise ValueError(f"labels have shape {labels.shape}, expected ({m},) like the projections")
         separation, label_p, label_means = label_test(proj, np.sqrt(np.clip(lam, 0.0, None)), labels,
                                                       permutations_count, rng)
-    rows = []
+    rows: list[ArtefactDirection] = []
     for j in range(k):
         defined = [i for i in range(c) if not constant[i]]
         corr = {names[i]: float(pearson[j, i]) if i in defined else None for i in range(c)}
@@ -210,7 +213,7 @@ def direction_test(projections: np.ndarray, eigenvalues: np.ndarray, metadata: M
 def sample_artefact_test(vectors: np.ndarray, columns: Mapping[str, Any], report: Mapping[str, Any],
                          metadata_cols: list[str], label_col: str | None, directions: int = DEFAULT_DIRECTIONS,
                          permutations_count: int = DEFAULT_PERMUTATIONS, seed: int = 0, alpha: float = DEFAULT_ALPHA,
-                         artefact_corr: float = 0.5, label_separation: float = 1.0) -> dict:
+                         artefact_corr: float = 0.5, label_separation: float = 1.0) -> ArtefactEvidence:
     """:func:`direction_test` of a uniform row sample against the corpus diagnosis ``report``.
 
     ``vectors``: (m, d) sampled raw rows; ``columns``: column name → (m,) values of the same rows (holding

@@ -7,7 +7,7 @@ numbers per cluster and for the whole corpus, with the anisotropy a global centr
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, TypedDict
 
 import numpy as np
 
@@ -37,10 +37,16 @@ def induced_anisotropy(offset: float, spread: float) -> float:
     return offset ** 2 / total
 
 
+# the per-cluster table (:func:`cluster_diagnostics`; the mixture check adds its null): what
+# :class:`anisotropy_core.decision.MixtureEvidence` reads, plus the ``global`` row (a keyword: the functional form)
+ClusterTable = TypedDict("ClusterTable", {"global": dict[str, Any], "clusters": list[dict[str, Any]],
+                                          "locally_isotropic": bool, "mixture_null": dict[str, Any],
+                                          "mixture_p": float | None}, total=False)
+
 CLUSTER_REPORT_KEYS = ("offset_ratio", "anisotropy_A", "top1_var", "effective_rank", "erank_frac")
 
 
-def cluster_diagnostics(states: Sequence[Moments]) -> dict[str, Any]:
+def cluster_diagnostics(states: Sequence[Moments]) -> ClusterTable:
     """Per-cluster diagnosis table from k per-cluster :class:`Moments` states (raw vectors).
 
     Returns ``{"global": row, "clusters": [row per cluster], "locally_isotropic": bool}``. Every row has

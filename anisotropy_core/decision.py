@@ -68,15 +68,19 @@ class ArtefactDirection(TypedDict, total=False):
     """One principal direction of the artefact test, as :func:`recommend` reads it: its 1-based ``index`` and
     ``eigenvalue``, |Pearson| / |Spearman| per metadata column (None: a constant column), the maxT-adjusted
     ``p_adjusted`` (absent or None: no null was run), and the labels' ``label_separation`` (SDs of the projection)
-    with its ``label_p_adjusted``."""
+    with its ``label_p_adjusted``; :func:`~anisotropy_core.artefact_evidence.direction_test` also records the p per
+    column (``p_adjusted_by_column``) and its own flags (``significant``, ``label_significant``)."""
 
     index: int
     eigenvalue: float
     abs_corr: dict[str, float | None]
     abs_spearman: dict[str, float | None]
     p_adjusted: float | None
+    p_adjusted_by_column: dict[str, float | None]
     label_separation: float | None
     label_p_adjusted: float | None
+    significant: bool
+    label_significant: bool
 
 
 class ArtefactEvidence(TypedDict, total=False):
@@ -93,10 +97,12 @@ class ArtefactEvidence(TypedDict, total=False):
 class MixtureEvidence(TypedDict, total=False):
     """Per-cluster diagnostics (:func:`anisotropy_core.clustering.cluster_diagnostics`, or
     :func:`anisotropy_core.mixture_evidence.mixture_check`'s on a sample): ``clusters`` (one row per cluster,
-    ``induced_A_global_centring`` read here), ``locally_isotropic`` and, with the mixture null, ``mixture_p``."""
+    ``induced_A_global_centring`` read here), ``locally_isotropic`` and, with the mixture null, ``mixture_null`` and
+    ``mixture_p`` (:class:`~anisotropy_core.cluster_diagnostics.ClusterTable` is the whole table)."""
 
     clusters: list[dict[str, Any]]
     locally_isotropic: bool
+    mixture_null: dict[str, Any]
     mixture_p: float | None
 
 

@@ -37,7 +37,9 @@ class Method(str, enum.Enum):
     FLOW = "flow"
 
     __hash__ = str.__hash__
-    __format__ = str.__format__
+
+    def __format__(self, format_spec: str) -> str:
+        return str.__format__(self, format_spec)
 
     def __str__(self) -> str:
         return self.value

@@ -16,7 +16,7 @@ from __future__ import annotations
 import faiss
 import numpy as np
 
-from .cluster_diagnostics import cluster_diagnostics, cluster_moments
+from .cluster_diagnostics import ClusterTable, cluster_diagnostics, cluster_moments
 from .kmeans import assign, prepare
 
 DEFAULT_REFERENCES = 19      # the smallest p is 1/(1 + 19) = 0.05
@@ -45,7 +45,7 @@ def gaussian_factor(x: np.ndarray) -> np.ndarray:
 
 
 def mixture_check(vectors: np.ndarray, k: int, metric: str = "euclidean", seed: int = 0,
-                  references: int = DEFAULT_REFERENCES) -> tuple[np.ndarray, dict]:
+                  references: int = DEFAULT_REFERENCES) -> tuple[np.ndarray, ClusterTable]:
     """k-means of the sample ``vectors`` (m, d) and its null (module docstring).
 
     Returns (centroids (k, d), the :func:`~anisotropy_core.cluster_diagnostics.cluster_diagnostics` of the sample's

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+from typing import Callable, TypeVar
 
 import numpy as np
 
@@ -51,6 +52,19 @@ class OverlapQueries:
     @property
     def size(self) -> int:
         return int(self.raw.shape[0])
+
+
+_Gathered = TypeVar("_Gathered")
+
+
+def _merge_gathered(name: str, mine: _Gathered | None, theirs: _Gathered | None,
+                    merge: Callable[[_Gathered, _Gathered], _Gathered]) -> _Gathered | None:
+    """Two partial facts' optional ``name`` merged: None when neither gathered it; both must, or neither."""
+    if mine is None and theirs is None:
+        return None
+    if mine is None or theirs is None:
+        raise ValueError(f"OutputFacts.merge: only one side gathered {name} (facts of differently set-up passes)")
+    return merge(mine, theirs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +109,10 @@ class OutputFacts:
                                     moments=None if self.moments is None else self.moments.merge(Moments.of_batch(values)))
         if overlap is None:
             return facts
+        if own is None:
+            raise ValueError("OutputFacts.add: the overlap check needs own, each row's query index")
+        if facts.raw_top is None or facts.corrected_top is None:
+            raise ValueError("OutputFacts.add: these facts hold no top-k lists (made without the overlap queries)")
         query_keys = np.full(overlap.size, -2, dtype=np.int64)        # a key no row has: nothing excluded
         mine = np.flatnonzero(own >= 0)
         query_keys[own[mine]] = keys[mine]
@@ -108,9 +126,9 @@ class OutputFacts:
         return OutputFacts(
             rows=self.rows + other.rows, sum_unit=self.sum_unit + other.sum_unit,
             sum_norm=self.sum_norm + other.sum_norm,
-            moments=None if self.moments is None else self.moments.merge(other.moments),
-            raw_top=None if self.raw_top is None else merge_top_k(self.raw_top, other.raw_top),
-            corrected_top=None if self.corrected_top is None else merge_top_k(self.corrected_top, other.corrected_top))
+            moments=_merge_gathered("moments", self.moments, other.moments, Moments.merge),
+            raw_top=_merge_gathered("raw_top", self.raw_top, other.raw_top, merge_top_k),
+            corrected_top=_merge_gathered("corrected_top", self.corrected_top, other.corrected_top, merge_top_k))
 
     def output_moments(self, state: Moments, transform: FittedTransform) -> Moments:
         """The output's moments: the gathered ones, or those of the affine ``transform`` over the rows of the input
@@ -131,7 +149,7 @@ class OutputFacts:
             if top is not None:
                 arrays[f"{name}_scores"], arrays[f"{name}_keys"] = top
         buffer = io.BytesIO()
-        np.savez(buffer, **arrays)
+        np.savez(buffer, allow_pickle=False, **arrays)
         return buffer.getvalue()
 
     @classmethod

@@ -14,7 +14,7 @@ import html
 import io
 import math
 import os
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import matplotlib
 import numpy as np
@@ -149,7 +149,7 @@ def u1_metadata_figure(report: Mapping, samples: np.ndarray, metadata: Mapping[s
     return fig
 
 
-def artefact_heatmap_figure(directions: list[Mapping]) -> Figure:
+def artefact_heatmap_figure(directions: Sequence[Mapping]) -> Figure:
     """Direction × metadata column heatmap of |corr(projection on u_j, column)| (the per-direction artefact
     test, ``report.json``'s ``artefact.directions``); undefined correlations (constant column) are grey."""
     columns = sorted({c for row in directions for c in row["abs_corr"]})
@@ -184,7 +184,7 @@ def before_after_figure(before: Mapping, after: Mapping, before_samples: np.ndar
     _draw_spectrum(ax, after, AFTER_COLOUR, "after", band=True)
     ax.set_title("Spectrum before / after", fontsize=10)
     ax.legend(fontsize=7, loc="lower left")
-    if with_cosines:
+    if before_samples is not None and after_samples is not None:   # with_cosines
         ax = fig.add_subplot(1, panels, 2)
         _draw_cosines(ax, before_samples, BEFORE_COLOUR, "before", 0)
         _draw_cosines(ax, after_samples, AFTER_COLOUR, "after", 0)
@@ -336,7 +336,7 @@ img{{max-width:100%}}figure{{margin:1.5em 0}}</style></head>
 def write_report_assets(report: Mapping, out_dir: str | os.PathLike, samples: np.ndarray | None = None,
                         metadata: Mapping[str, np.ndarray] | None = None, before: Mapping | None = None,
                         before_samples: np.ndarray | None = None, title: str = "Anisotropy report",
-                        artefact_directions: list[Mapping] | None = None, **page: Mapping | None) -> dict[str, str]:
+                        artefact_directions: Sequence[Mapping] | None = None, **page: Mapping | None) -> dict[str, str]:
     """Write the plots of ``report`` as PNGs plus ``report.html`` into ``out_dir`` (a local path or URI, see
     :mod:`anisotropy_core.storage`); returns {asset: path}.
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Mapping, Union
+from typing import Any, Callable, ClassVar, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -35,7 +35,8 @@ from .moments import InvalidVectorsError, Moments
 
 REGISTRY: dict[str, type["FittedTransform"]] = {}
 # method → module that registers it
-PLUGINS = {Method.CLUSTER_RECENTER: "anisotropy_core.cluster_recenter", Method.FLOW: "anisotropy_core.flow"}
+PLUGINS: dict[str, str] = {Method.CLUSTER_RECENTER: "anisotropy_core.cluster_recenter",
+                           Method.FLOW: "anisotropy_core.flow"}
 
 DEFAULT_EPS = WhiteningSettings.eps   # whitening clamp: eigenvalues below eps·λ₁ are raised to eps·λ₁
 APPLY_BLOCK_ROWS = 256    # rows per block of apply: its float64 scratch (256 × d × 8 bytes) stays in the CPU cache
@@ -451,7 +452,7 @@ def rule_of_thumb_d(d: int) -> int:
 
 def choose_directions(eigenvalues: np.ndarray, n: int, d: int, rule: str = "rule_of_thumb",
                       D: int | None = None, indices: list[int] | None = None, max_D: int | None = None,
-                      artefact_directions: list[dict] | None = None,
+                      artefact_directions: Sequence[Mapping[str, Any]] | None = None,
                       artefact_corr: float = 0.5) -> tuple[list[int], str]:
     """Which principal directions ABTT removes: (sorted 1-based indices, the rule that chose them).
 
@@ -525,7 +526,7 @@ def choose_d(eigenvalues: np.ndarray, n: int, d: int, D: int | None = None,
 
 
 def fit_abtt(data: FitData, D: int | None = None, max_D: int | None = None, directions: list[int] | None = None,
-             rule: str | None = None, artefact_directions: list[dict] | None = None,
+             rule: str | None = None, artefact_directions: Sequence[Mapping[str, Any]] | None = None,
              artefact_corr: float = 0.5) -> AllButTheTop:
     """All-but-the-Top from the CENTRED covariance of ``data`` (moments, or rows: n < d → Gram route).
 

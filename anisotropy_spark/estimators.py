@@ -33,7 +33,7 @@ so :meth:`CorrectionModel.from_artifact` and :meth:`CorrectionModel.load` return
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -46,29 +46,33 @@ from pyspark.sql.types import ArrayType, DoubleType, FloatType, StringType, Stru
 
 from anisotropy_core import storage
 from anisotropy_core.artifact import Artifact, ArtifactError, build_manifest, load_artifact, save_artifact
-from anisotropy_core.flow import fit_flow
-from anisotropy_core.methods import Method, param_name, settings_of
+from anisotropy_core.flow import FlowTransform, fit_flow
+from anisotropy_core.methods import Method, OutputDtype, param_name, settings_of
 from anisotropy_core.moments import Moments
-from anisotropy_core.transforms import FitData, FittedTransform, fit_abtt, fit_abtt_pca_abtt, fit_center, fit_whitening
+from anisotropy_core.transforms import (AbttPcaAbtt, AllButTheTop, FitData, FittedTransform, Whitening, fit_abtt,
+                                        fit_abtt_pca_abtt, fit_center, fit_whitening)
 
 from .arrow import batch_matrix, matrix_column
-from .contract import REASON_COLUMN, ForeignDimensionError, TransformRowError, check_batch, first_invalid_error
+from .contract import (REASON_COLUMN, ForeignDimensionError, SchemaError, TransformRowError, check_batch,
+                       first_invalid_error)
 from .diagnostics import sample_rows
 from .io import TableRef, as_vector_array, infer_dimension
 from .moments import arrow_batch_rows, corpus_moments
-from .params import (_AbttPcaAbttParams, _AllButTheTopParams, _CorrectionParams, _FlowParams, _TransformParams,
-                     _WhiteningParams)
+from .params import (HandleInvalid, _AbttPcaAbttParams, _AllButTheTopParams, _CorrectionParams, _FlowParams,
+                     _TransformParams, _WhiteningParams)
 from .table_files import TableFiles
 from .worker_errors import raised_in_workers
 
-_MODEL_CLASSES: dict[Method, type["CorrectionModel"]] = {}
-_ESTIMATOR_CLASSES: dict[Method, type["CorrectionEstimator"]] = {}
+# keyed by Method, looked up by its plain name (a Method hashes and compares equal to it)
+_MODEL_CLASSES: dict[str, type["CorrectionModel"]] = {}
+_ESTIMATOR_CLASSES: dict[str, type["CorrectionEstimator"]] = {}
 # methods whose classes live in another module of this package: imported on first use, so
 # ``estimator_for`` and ``CorrectionModel.from_artifact`` work without the caller importing that module
-_METHOD_MODULES = {Method.CLUSTER_RECENTER: "anisotropy_spark.kmeans"}
+_METHOD_MODULES: dict[str, str] = {Method.CLUSTER_RECENTER: "anisotropy_spark.kmeans"}
+_Fitted = TypeVar("_Fitted", bound=FittedTransform)
 
 
-def _registered(table: dict[Method, type], method: str) -> type | None:
+def _registered(table: dict[str, type], method: str) -> type | None:
     if method not in table and method in _METHOD_MODULES:
         importlib.import_module(_METHOD_MODULES[method])
     return table.get(method)
@@ -119,7 +123,7 @@ def registered_methods() -> list[str]:
     """Every correction method with a registered Estimator (including those of lazily imported modules)."""
     for module in set(_METHOD_MODULES.values()):
         importlib.import_module(module)
-    return sorted(m.value for m in _ESTIMATOR_CLASSES)
+    return sorted(str(m) for m in _ESTIMATOR_CLASSES)
 
 
 def register_model_class(method: Method) -> Callable[[type["CorrectionModel"]], type["CorrectionModel"]]:
@@ -377,6 +381,14 @@ class CorrectionModel(Model, _CorrectionParams, _TransformParams, MLReadable, ML
     per method e.g. :attr:`AllButTheTopModel.components`).
     """
 
+    # the setters _add_setters gives every model, typed (a subclass adds those of its own output columns)
+    setInputCol: Callable[[str], CorrectionModel]
+    setOutputCol: Callable[[str], CorrectionModel]
+    setOutputDtype: Callable[[OutputDtype], CorrectionModel]
+    setHandleInvalid: Callable[[HandleInvalid], CorrectionModel]
+    setIdCol: Callable[[str], CorrectionModel]
+    setMaxNorm: Callable[[float | None], CorrectionModel]
+
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)
         _add_setters(cls, cls._settable_params())
@@ -389,9 +401,24 @@ class CorrectionModel(Model, _CorrectionParams, _TransformParams, MLReadable, ML
 
     def __init__(self, transform: FittedTransform | None = None, n: int = 0, fitted_on: dict | None = None):
         super().__init__()
-        self.transform_ = transform
+        self._fitted_transform = transform
         self.n = int(n)
         self.fitted_on = fitted_on
+
+    @property
+    def transform_(self) -> FittedTransform:
+        """The fitted numpy transform; ValueError for a model made without one."""
+        if self._fitted_transform is None:
+            raise ValueError(f"this {type(self).__name__} holds no fitted transform (made without one)")
+        return self._fitted_transform
+
+    def fitted(self, kind: type[_Fitted]) -> _Fitted:
+        """:attr:`transform_` as the :class:`FittedTransform` subclass ``kind`` this model class holds; TypeError
+        for another one."""
+        transform = self.transform_
+        if not isinstance(transform, kind):
+            raise TypeError(f"a {type(self).__name__} holds a {kind.__name__}, got {type(transform).__name__}")
+        return transform
 
     @classmethod
     def from_artifact(cls, artifact: Artifact, inputCol: str = "vector", outputCol: str = "corrected"):
@@ -478,7 +505,11 @@ class CorrectionModel(Model, _CorrectionParams, _TransformParams, MLReadable, ML
     def _batches(self, schema: StructType) -> tuple[Callable, StructType]:
         """(the ``mapInArrow`` function, its output schema) of :meth:`transform` for input ``schema``."""
         col, out, handle = self.getInputCol(), self.getOutputCol(), self.getHandleInvalid()
-        out_type = output_element_type(self.getOutputDtype(), schema[col].dataType.elementType)
+        input_type = schema[col].dataType
+        if not (isinstance(input_type, ArrayType) and isinstance(input_type.elementType, (FloatType, DoubleType))):
+            raise SchemaError(f"vector column {col!r} has type {input_type.simpleString()}; expected array<float> or "
+                              "array<double>")
+        out_type = output_element_type(self.getOutputDtype(), input_type.elementType)
         extra = self.extra_output_fields()
         reason = [StructField(REASON_COLUMN, StringType(), True)] if handle == "keep" else []
         written = {out, *(f.name for f in extra + reason)}
@@ -617,12 +648,12 @@ class AllButTheTopModel(CorrectionModel, _AllButTheTopParams):
     @property
     def components(self) -> np.ndarray:
         """(D, d) the removed unit directions, one per row (read-only)."""
-        return read_only(self.transform_.components)
+        return read_only(self.fitted(AllButTheTop).components)
 
     @property
     def eigenvalues(self) -> np.ndarray:
         """(d,) the eigenvalues of the centred covariance, descending (read-only)."""
-        return read_only(self.transform_.eigenvalues)
+        return read_only(self.fitted(AllButTheTop).eigenvalues)
 
 
 @register_model_class(Method.WHITENING)
@@ -632,12 +663,12 @@ class WhiteningModel(CorrectionModel, _WhiteningParams):
     @property
     def matrix(self) -> np.ndarray:
         """(d, d_out) W: the output is (v − mean) W (read-only)."""
-        return read_only(self.transform_.matrix)
+        return read_only(self.fitted(Whitening).matrix)
 
     @property
     def eigenvalues(self) -> np.ndarray:
         """(d,) the eigenvalues of the (shrunk) centred covariance, descending (read-only)."""
-        return read_only(self.transform_.eigenvalues)
+        return read_only(self.fitted(Whitening).eigenvalues)
 
 
 @register_model_class(Method.ABTT_PCA_ABTT)
@@ -647,17 +678,17 @@ class AbttPcaAbttModel(CorrectionModel, _AbttPcaAbttParams):
     @property
     def firstComponents(self) -> np.ndarray:
         """(D, d) the directions removed before the PCA (read-only)."""
-        return read_only(self.transform_.first_components)
+        return read_only(self.fitted(AbttPcaAbtt).first_components)
 
     @property
     def basis(self) -> np.ndarray:
         """(d, k) the PCA basis (read-only)."""
-        return read_only(self.transform_.basis)
+        return read_only(self.fitted(AbttPcaAbtt).basis)
 
     @property
     def secondComponents(self) -> np.ndarray:
         """(D2, k) the directions removed after the PCA (read-only)."""
-        return read_only(self.transform_.second_components)
+        return read_only(self.fitted(AbttPcaAbtt).second_components)
 
 
 @register_model_class(Method.FLOW)
@@ -667,7 +698,7 @@ class FlowModel(CorrectionModel, _FlowParams):
     @property
     def trainingLog(self) -> dict:
         """The training facts recorded in the artifact (sample size, steps, nll before and after, …; a copy)."""
-        return dict(self.transform_.training)
+        return dict(self.fitted(FlowTransform).training)
 
 
 AllButTheTopEstimator.model_class = AllButTheTopModel

@@ -52,7 +52,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, FloatType, IntegerType, StructField
 
-from anisotropy_core.cluster_diagnostics import cluster_diagnostics, cluster_moments, merge_cluster_moments
+from anisotropy_core.cluster_diagnostics import ClusterTable, cluster_diagnostics, cluster_moments, merge_cluster_moments
 from anisotropy_core.cluster_recenter import ClusterRecenter, kmeans_info
 from anisotropy_core.kmeans import (DEFAULT_CORRECTED_ITER, DEFAULT_INIT_STEPS, DEFAULT_MAX_ITER, DEFAULT_OVERSAMPLING,
                                     DEFAULT_REFINE_PASSES, DEFAULT_SAMPLE_SIZE, DEFAULT_TOL, ClusterState, KeyedSample,
@@ -299,7 +299,7 @@ def spark_fit_cluster_recenter(vectors: DataFrame, vector_col: str, dimension: i
 
 
 def spark_cluster_diagnostics(df: DataFrame, vector_col: str, centroids: np.ndarray, metric: str = "euclidean",
-                              dimension: int | None = None) -> dict:
+                              dimension: int | None = None) -> ClusterTable:
     """Per-cluster diagnosis table of ``df`` for the clusters of ``centroids`` (k, d): one pass, then
     :func:`anisotropy_core.cluster_diagnostics.cluster_diagnostics` (see there for the returned dict)."""
     vectors = as_vector_array(df.select(vector_col), vector_col)
@@ -319,25 +319,23 @@ class ClusterRecenterModel(CorrectionModel, _ClusterRecenterParams):
     @property
     def clusterCenters(self) -> np.ndarray:
         """(k, d) the assignment centroids (unit rows for cosine; read-only)."""
-        return read_only(self.transform_.centroids)
+        return read_only(self.fitted(ClusterRecenter).centroids)
 
     @property
     def clusterMeans(self) -> np.ndarray:
         """(k, d) each cluster's mean of the raw vectors, what is subtracted (read-only)."""
-        return read_only(self.transform_.means)
+        return read_only(self.fitted(ClusterRecenter).means)
 
     @property
     def clusterSizes(self) -> np.ndarray:
         """(k,) int64 fitting rows per cluster (read-only)."""
-        return read_only(self.transform_.sizes)
+        return read_only(self.fitted(ClusterRecenter).sizes)
 
     def extra_output_fields(self) -> list[StructField]:
         return [StructField(self.getPredictionCol(), IntegerType(), True)]
 
     def batch_outputs(self) -> BatchOutputs:
-        if not isinstance(self.transform_, ClusterRecenter):
-            raise TypeError(f"a ClusterRecenterModel holds a ClusterRecenter, got {type(self.transform_).__name__}")
-        return cluster_outputs(self.transform_)
+        return cluster_outputs(self.fitted(ClusterRecenter))
 
 
 def cluster_outputs(transform: ClusterRecenter) -> BatchOutputs:

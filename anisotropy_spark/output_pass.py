@@ -11,7 +11,7 @@ transform cannot map raises :class:`~.contract.TransformRowError` naming it, as 
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -54,7 +54,7 @@ class OutputPass:
     def d_out(self) -> int:
         return self.transform.d_out if self.transform is not None else self.dimension
 
-    def fold(self, batches: Iterator[pa.RecordBatch], partition: int) -> tuple[int, OutputFacts]:
+    def fold(self, batches: Iterable[pa.RecordBatch], partition: int) -> tuple[int, OutputFacts]:
         """(rows read, the facts of the valid rows) of one partition's raw Arrow batches."""
         transform = self.transform
         full_moments = transform is not None and transform.linear_map() is None
@@ -68,6 +68,7 @@ class OutputPass:
             if self.duplicate_ids is not None:
                 kept = ~pc.is_in(ids, value_set=self.duplicate_ids).to_numpy(zero_copy_only=False)
                 matrix, valid = matrix[kept[valid]], valid & kept
+            output: np.ndarray
             if transform is None:
                 output = matrix.astype(self.output_dtype, copy=False)
             else:
@@ -91,12 +92,15 @@ def output_facts(df: DataFrame, files: TableFiles | None, spec: OutputPass) -> t
     shared = spark.sparkContext.broadcast(spec)
     columns = [spec.vector_col, spec.id_col]
 
-    def fold_to_row(batches: Iterator[pa.RecordBatch]) -> dict:
-        read, facts = shared.value.fold(batches, TaskContext.get().partitionId())
+    def fold_to_row(batches: Iterable[pa.RecordBatch]) -> dict:
+        context = TaskContext.get()
+        if context is None:
+            raise RuntimeError("output_facts: fold_to_row runs only inside a Spark task")
+        read, facts = shared.value.fold(batches, context.partitionId())
         return {"read": read, "payload": facts.to_bytes()}
 
     @raised_in_workers
-    def fold_scan(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def fold_scan(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         yield pa.RecordBatch.from_pylist([fold_to_row(batches)], schema=_STATE_SCHEMA)
 
     def merged(states) -> tuple[int, OutputFacts]:

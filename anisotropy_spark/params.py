@@ -41,6 +41,7 @@ def converter(declared: Setting) -> Callable[[Any], Any]:
     of another type), then its constraint (:class:`~anisotropy_core.methods.SettingError`, a ValueError naming
     the Param). None passes where the setting allows it."""
     base = declared.base
+    to_type: Callable[[Any], Any]
     if typing.get_origin(base) is list:
         to_type = TypeConverters.toListInt
     elif declared.choices is not None:
@@ -72,6 +73,7 @@ class _DeclaredParams(Params):
     :class:`~anisotropy_core.methods.Setting` records) and gets one Param, default and getter per setting."""
 
     method_settings: ClassVar[type[MethodSettings] | None] = None
+    _declared: ClassVar[tuple[Setting, ...]]   # set on each subclass by __init_subclass__
 
     def __init_subclass__(cls, settings: type[MethodSettings] | None = None, declared: Sequence[Setting] = (),
                           **kwargs: Any):
@@ -104,29 +106,73 @@ class _TransformParams(_DeclaredParams, declared=TRANSFORM_SETTINGS):
     """A fitted model's output Params: ``outputDtype``, ``handleInvalid``, ``idCol``, ``maxNorm``
     (:data:`TRANSFORM_SETTINGS`)."""
 
+    # the getters __init_subclass__ generates, typed
+    getOutputDtype: Callable[[], OutputDtype]
+    getHandleInvalid: Callable[[], HandleInvalid]
+    getIdCol: Callable[[], str]
+    getMaxNorm: Callable[[], float | None]
+
 
 class _AllButTheTopParams(_CorrectionParams, _DeclaredParams, settings=AbttSettings):
     """:class:`~anisotropy_core.methods.AbttSettings`: ``D``, ``maxD``, ``directions``."""
+
+    # the getters __init_subclass__ generates, typed
+    getD: Callable[[], int | None]
+    getMaxD: Callable[[], int | None]
+    getDirections: Callable[[], list[int] | None]
 
 
 class _WhiteningParams(_CorrectionParams, _DeclaredParams, settings=WhiteningSettings):
     """:class:`~anisotropy_core.methods.WhiteningSettings`: ``k``, ``shrinkage``, ``eps``, ``zca``, ``normalize``,
     ``exclude``."""
 
+    # the getters __init_subclass__ generates, typed
+    getK: Callable[[], int | None]
+    getShrinkage: Callable[[], float]
+    getEps: Callable[[], float]
+    getZca: Callable[[], bool]
+    getNormalize: Callable[[], bool]
+    getExclude: Callable[[], list[int] | None]
+
 
 class _AbttPcaAbttParams(_CorrectionParams, _DeclaredParams, settings=AbttPcaAbttSettings):
     """:class:`~anisotropy_core.methods.AbttPcaAbttSettings`: ``D``, ``k``, ``D2``, ``maxD``."""
+
+    # the getters __init_subclass__ generates, typed
+    getD: Callable[[], int | None]
+    getK: Callable[[], int | None]
+    getD2: Callable[[], int | None]
+    getMaxD: Callable[[], int | None]
 
 
 class _FlowParams(_CorrectionParams, _DeclaredParams, settings=FlowSettings):
     """:class:`~anisotropy_core.methods.FlowSettings`: ``sampleSize``, ``steps``, ``couplings``, ``hidden``,
     ``batchSize``, ``learningRate``, ``seed``."""
 
+    # the getters __init_subclass__ generates, typed
+    getSampleSize: Callable[[], int]
+    getSteps: Callable[[], int]
+    getCouplings: Callable[[], int]
+    getHidden: Callable[[], int]
+    getBatchSize: Callable[[], int]
+    getLearningRate: Callable[[], float]
+    getSeed: Callable[[], int]
+
 
 class _ClusterRecenterParams(_CorrectionParams, HasPredictionCol, _DeclaredParams, settings=ClusterRecenterSettings):
     """:class:`~anisotropy_core.methods.ClusterRecenterSettings`: ``k``, ``D``, ``distanceMeasure``, ``seed``,
     ``maxIter``, ``tol``, ``initSteps``, ``taskMemory``; and ``predictionCol`` (the model's cluster-id column,
     default ``cluster_id``)."""
+
+    # the getters __init_subclass__ generates, typed
+    getK: Callable[[], int]
+    getD: Callable[[], int]
+    getDistanceMeasure: Callable[[], Literal["euclidean", "cosine"]]
+    getSeed: Callable[[], int]
+    getMaxIter: Callable[[], int]
+    getTol: Callable[[], float]
+    getInitSteps: Callable[[], int]
+    getTaskMemory: Callable[[], int]
 
     def __init__(self, *args: Any):
         super().__init__(*args)

@@ -25,7 +25,7 @@ import hashlib
 import json
 import types
 import typing
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import yaml
 
@@ -33,7 +33,10 @@ from anisotropy_core import storage
 from anisotropy_core.methods import Setting
 from anisotropy_core.norms import DEFAULT_MAX_NORM_RATIO
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")   # a config dataclass
 
 
 class ConfigError(ValueError):
@@ -113,7 +116,7 @@ def setting_field(*declared: Setting, default: Any = NOT_GIVEN) -> Any:
 def setting_problems(config: Any) -> list[str]:
     """The constraint problems of every :func:`setting_field` of ``config`` (a dataclass), each naming its key,
     e.g. ``cluster_task_memory must be >= 0 bytes, got -1``."""
-    problems = []
+    problems: list[str] = []
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
         if value is not None:         # None: the method's default (a null a setting refuses fails its type check)
@@ -196,9 +199,10 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
                 return _coerce(option, value, where)
             except ConfigError as exc:
                 errors.append(str(exc))
-        allowed = [_choices(o) for o in options if o is not type(None)]
-        if all(a is not None for a in allowed):           # e.g. Literal["auto"] | Method: one list of names
-            raise ConfigError(f"{where}: {value!r} is not one of {[c for a in allowed for c in a]}")
+        option_choices = [_choices(o) for o in options if o is not type(None)]
+        named = [a for a in option_choices if a is not None]
+        if len(named) == len(option_choices):               # e.g. Literal["auto"] | Method: one list of names
+            raise ConfigError(f"{where}: {value!r} is not one of {[c for a in named for c in a]}")
         raise ConfigError(errors[0])
     allowed = _choices(hint)
     if allowed is not None:
@@ -215,7 +219,7 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
         key_hint, value_hint = typing.get_args(hint) or (Any, Any)
         return {_coerce(key_hint, k, where): _coerce(value_hint, v, f"{where}.{k}") for k, v in value.items()}
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
         return from_mapping(hint, value, where)
@@ -238,9 +242,14 @@ def _choices(hint: Any) -> list | None:
     return None
 
 
-def config_hash(config: Any) -> str:
+def config_hash(config: DataclassInstance) -> str:
     """Stable sha256 of a config dataclass (sorted JSON), recorded with every run."""
-    payload = json.dumps(dataclasses.asdict(config), sort_keys=True, default=str)
+    return fields_hash(dataclasses.asdict(config))
+
+
+def fields_hash(fields: dict[str, Any]) -> str:
+    """:func:`config_hash` of a config's fields as ``dataclasses.asdict`` gives them (e.g. some of them nulled)."""
+    payload = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 

@@ -114,6 +114,8 @@ def agreement(diagnosis: diagnose_job.DiagnosisReport, night: RunRecord) -> list
     """Whether the diagnosis's verdict, its held-out evaluation, the night's own verdict and what the night applied
     agree, and where they differ, why (each a line)."""
     verdict, night_verdict = diagnosis.recommendation, night.recommendation
+    if night_verdict is None:
+        raise RuntimeError(f"nightly run {night.run_id} made no recommendation ({night.status}: {night.reason})")
     chosen = (diagnosis.evaluation or {}).get("chosen")
     applied = applied_summary(night)
     applied_name = applied["candidate"] or applied["method"]
@@ -162,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(f"- {note}" for note in applied["notes"]))
     print(f"\nreport: {storage.join(diagnosis.output_dir, 'report.html')}")
     print("\n## The nightly's candidates, scored on held-out queries (same-chapter neighbours of every sentence)\n\n"
-          + evaluation_markdown(published.evaluation))
+          + (evaluation_markdown(published.evaluation) if published.evaluation is not None
+             else f"(none: nightly run {published.run_id} ran no evaluation)"))
     print("\n" + report)
     print("\n## Before / after the published night\n\n" + side_by_side(before.metrics, after.metrics))
     for night, record in enumerate(nights, 1):

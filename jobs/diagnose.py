@@ -26,6 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from anisotropy_core import storage
 from anisotropy_core.artefact_evidence import DEFAULT_DIRECTIONS, sample_artefact_test
+from anisotropy_core.cluster_diagnostics import ClusterTable
 from anisotropy_core.decision import ArtefactEvidence, DecisionThresholds, Recommendation, recommend
 from anisotropy_core.diagnostics import Diagnosis, diagnose, plain_scalar
 from anisotropy_core.isotropy_measures import (
@@ -183,7 +184,7 @@ class DiagnosisReport:
     sampling_noise: dict
     sign_structure: dict
     artefact: ArtefactEvidence
-    per_cluster: dict | None
+    per_cluster: ClusterTable | None
     alignment: dict | None
     sample: DriverSample = dataclasses.field(repr=False, compare=False)
 
@@ -248,6 +249,8 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> DiagnosisRepor
                            input_version=ref.version, with_moments=True, max_norm_ratio=config.max_norm_ratio,
                            sample=RowSample(config.sample_size, total, columns=tuple(sampled_columns(config))),
                            files=files)
+        if checked.moments is None:
+            raise RuntimeError("validate(with_moments=True) returned no moments")
         state, valid, d = checked.moments, checked.valid, checked.dimension
         info["rows"], info["reader"] = state.n + checked.invalid_count, checked.reader if files else planned
     report = diagnose(state)
@@ -261,7 +264,7 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> DiagnosisRepor
                                       config.artefact_directions, config.decision, config.seed)
         info["rows"] = int(vectors_drawn.shape[0])
     sample = DriverSample(vectors_drawn, {c: columns[c] for c in config.metadata_cols})
-    per_cluster = None
+    per_cluster: ClusterTable | None = None
     if config.cluster_k:
         with timed_stage(log, timings, "clusters") as info:
             per_cluster = per_cluster_table(valid, config, d, report.n)
@@ -269,7 +272,7 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> DiagnosisRepor
                 try:
                     null = mixture_check(vectors_drawn, config.cluster_k, config.cluster_distance_measure,
                                          config.seed)[1]
-                    per_cluster.update(mixture_null=null["mixture_null"], mixture_p=null["mixture_p"])
+                    per_cluster["mixture_null"], per_cluster["mixture_p"] = null["mixture_null"], null["mixture_p"]
                 except ValueError as exc:
                     per_cluster["mixture_null"] = {"skipped": str(exc)}
             info["rows"] = state.n
@@ -318,14 +321,17 @@ def defined(value):
     return None if isinstance(value, float) and not np.isfinite(value) else value
 
 
-def per_cluster_table(valid: DataFrame, config: DiagnoseConfig, dimension: int, n: int) -> dict:
+def per_cluster_table(valid: DataFrame, config: DiagnoseConfig, dimension: int, n: int) -> ClusterTable:
     """k-means (fitted on at most ``cluster_fit_rows`` sampled rows, the seed's recipe) → per-cluster
     diagnosis of all valid rows; see :func:`anisotropy_core.cluster_diagnostics.cluster_diagnostics`."""
-    if config.cluster_k > n:
-        raise ValueError(f"cluster_k = {config.cluster_k} exceeds the {n} valid vectors")
+    k = config.cluster_k
+    if k is None:
+        raise ValueError("per_cluster_table needs cluster_k")
+    if k > n:
+        raise ValueError(f"cluster_k = {k} exceeds the {n} valid vectors")
     fit_on = valid if n <= config.cluster_fit_rows else valid.sample(
         fraction=min(1.0, 1.2 * config.cluster_fit_rows / n), seed=config.seed).limit(config.cluster_fit_rows)
-    km = fit_kmeans(fit_on, config.vector_col, config.cluster_k, config.cluster_distance_measure, seed=config.seed,
+    km = fit_kmeans(fit_on, config.vector_col, k, config.cluster_distance_measure, seed=config.seed,
                     dimension=dimension)
     return spark_cluster_diagnostics(valid, config.vector_col, km.centroids, config.cluster_distance_measure,
                                      dimension)

@@ -9,6 +9,7 @@ refused the output made with it, and why. A rejected fit is kept for inspection 
 from __future__ import annotations
 
 import json
+from typing import TypeVar
 
 from pyspark.sql import DataFrame
 
@@ -18,12 +19,13 @@ from anisotropy_core.candidates import ABTT_WHITENING
 from anisotropy_core.decision import Recommendation
 from anisotropy_core.methods import Method
 from anisotropy_core.moments import Moments
-from anisotropy_core.transforms import FittedTransform
+from anisotropy_core.transforms import AllButTheTop, FittedTransform, Whitening
 from anisotropy_spark.estimators import CorrectionModel, estimator_for, model_class_for
 from anisotropy_spark.io import TableRef
 from jobs.nightly_config import NIGHTLY_KEYS, NightlyConfig
 
 FIT_REPORT = "fit_report.json"
+_Fitted = TypeVar("_Fitted", bound=FittedTransform)
 
 
 def fit_params(config: NightlyConfig, method: str, rec: Recommendation) -> dict:
@@ -55,11 +57,20 @@ def candidate_fit(name: str, transform: FittedTransform | None, directions: list
     if name in (Method.NONE, Method.CENTER):
         return name, {}
     if name == Method.ABTT:
-        return Method.ABTT, {"D": None, "directions": list(transform.directions), "max_D": None}
+        abtt = _fitted_candidate(name, transform, AllButTheTop)
+        return Method.ABTT, {"D": None, "directions": list(abtt.directions), "max_D": None}
     if name in (Method.WHITENING, ABTT_WHITENING):
-        return Method.WHITENING, {"k": transform.k, "shrinkage": 0.0, "normalize": False,
+        whitening = _fitted_candidate(name, transform, Whitening)
+        return Method.WHITENING, {"k": whitening.k, "shrinkage": 0.0, "normalize": False,
                                   "exclude": list(directions) if name == ABTT_WHITENING else None}
     return name, fit_params(config, name, rec)
+
+
+def _fitted_candidate(name: str, transform: FittedTransform | None, kind: type[_Fitted]) -> _Fitted:
+    """The fitted ``transform`` of candidate ``name``, which its family fits as a ``kind``; TypeError otherwise."""
+    if not isinstance(transform, kind):
+        raise TypeError(f"evaluation candidate {name}: expected a fitted {kind.__name__}, got {type(transform).__name__}")
+    return transform
 
 
 def fit_model(config: NightlyConfig, method: str, params: dict, valid: DataFrame, ref: TableRef,
@@ -109,6 +120,8 @@ def reusable(config: NightlyConfig, previous: dict | None, method: str, params: 
         return None, "no previously published transform"
     try:
         artifact = serving_artifact(previous)
+        if artifact is None:          # not reached: previous names an artifact (checked above)
+            return None, "no previously published transform"
         artifact.check_dimension(d)
         fitted = json.loads(storage.read_text(storage.join(previous["artifact"], FIT_REPORT)))
     except (OSError, ValueError) as exc:

@@ -97,11 +97,12 @@ def run_recorded(spark: SparkSession, config: NightlyConfig,
         record = rollback(spark, config, rollback_to, ctx) if rollback_to is not None else run_nightly(spark, config, ctx)
         status = record.status
     except Exception as exc:  # noqa: BLE001 — classified, recorded; anything unexpected re-raised after recording
-        status = classify(exc)
-        if status is None:
+        classified = classify(exc)
+        if classified is None:
             ctx.record.status, ctx.record.reason = "failed", f"{type(exc).__name__}: {exc}"
             write_record(spark, config, ctx.record)
             raise
+        status = classified
         ctx.record.reason = describe(exc)
     ctx.record.status = status
     write_record(spark, config, ctx.record)

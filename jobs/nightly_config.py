@@ -20,7 +20,7 @@ from jobs.config import (
     InputSettings,
     OutputFiles,
     VectorReader,
-    config_hash,
+    fields_hash,
     setting_field,
     setting_problems,
 )
@@ -32,7 +32,7 @@ CORE_METRICS = Diagnosis.scalar_names()
 
 # method → {its setting: the nightly key holding it}; a setting absent here takes the method's default, but
 # abtt's ``max_D`` (the ``decision`` block's) and ``directions`` (the artefact evidence): see fit_params
-NIGHTLY_KEYS: dict[Method, dict[str, str]] = {
+NIGHTLY_KEYS: dict[str, dict[str, str]] = {   # keyed by Method, looked up by its name too
     Method.CENTER: {},
     Method.ABTT: {"D": "abtt_D"},
     Method.ABTT_PCA_ABTT: {"D": "abtt_D", "k": "pca_k", "D2": "abtt_D2"},
@@ -132,9 +132,14 @@ class NightlyConfig(InputSettings, OutputFiles):
         for key, bounds in self.output_bounds.items():
             if key not in CORE_METRICS:
                 problems.append(f"output_bounds.{key}: unknown metric; known: {CORE_METRICS}")
-            elif len(bounds) != 2 or None not in bounds and bounds[0] > bounds[1]:
+            elif len(bounds) != 2 or _low_above_high(*bounds):
                 problems.append(f"output_bounds.{key}: expected [low, high] (numbers or null, low <= high), got {bounds!r}")
         return problems
+
+
+def _low_above_high(low: float | None, high: float | None) -> bool:
+    """Output bounds [low, high] that no value meets (a null bound is open)."""
+    return low is not None and high is not None and low > high
 
 
 def check_against_data(config: NightlyConfig, n: int, d: int, method: str) -> None:
@@ -159,4 +164,4 @@ NON_CONTENT_KEYS = ("master", "runs_dir", "runs_table", "artifacts_dir", "quaran
 def nightly_config_hash(config: NightlyConfig) -> str:
     """Hash of the settings that determine the published content (``NON_CONTENT_KEYS`` left out), so moving
     the run records or tightening the gate does not turn a no-op night into a rebuild."""
-    return config_hash(dataclasses.replace(config, **{k: None for k in NON_CONTENT_KEYS}))
+    return fields_hash({**dataclasses.asdict(config), **dict.fromkeys(NON_CONTENT_KEYS)})

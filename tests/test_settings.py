@@ -14,6 +14,8 @@ from anisotropy_spark.estimators import (AbttPcaAbttEstimator, AllButTheTopEstim
                                          CorrectionModel, FlowEstimator, WhiteningEstimator, estimator_for,
                                          model_class_for, registered_methods)
 from anisotropy_spark.kmeans import ClusterRecenterEstimator
+from anisotropy_spark.params import (_AbttPcaAbttParams, _AllButTheTopParams, _ClusterRecenterParams, _FlowParams,
+                                     _TransformParams, _WhiteningParams)
 from jobs.config import ConfigError, from_mapping
 from jobs.fit import FitConfig
 from jobs.nightly_config import NIGHTLY_KEYS, NightlyConfig
@@ -114,6 +116,26 @@ def test_every_param_has_a_setter(estimator_class):
     for name in fitted:
         with pytest.raises(ValueError, match="read-only on a model"):
             model.setParams(**{name: 1})
+
+
+@pytest.mark.parametrize("mixin", [_TransformParams, _AllButTheTopParams, _WhiteningParams, _AbttPcaAbttParams,
+                                   _FlowParams, _ClusterRecenterParams])
+def test_typed_getters_are_the_generated_ones(mixin):
+    """Each Params mixin annotates (for mypy) exactly the getters its declared settings generate, each returning the
+    setting's type."""
+    own = [name for name in vars(mixin).get("__annotations__", {}) if name.startswith("get")]
+    hints = typing.get_type_hints(mixin)
+    generated = {"get" + s.param[:1].upper() + s.param[1:]: s for s in mixin._declared}
+    assert set(own) == set(generated)
+    for name in own:
+        assert typing.get_args(hints[name]) == ([], generated[name].hint), name
+
+
+def test_typed_model_setters_are_the_added_ones():
+    """CorrectionModel annotates (for mypy) exactly the setters every model gets: one per settable Param."""
+    own = {name for name in vars(CorrectionModel).get("__annotations__", {}) if name.startswith("set")}
+    assert own == {setter(name) for name in CorrectionModel._settable_params()}
+    assert all(callable(getattr(CorrectionModel, name)) for name in own)
 
 
 @pytest.mark.parametrize("make", [
