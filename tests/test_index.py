@@ -71,6 +71,89 @@ def test_shard_merge_equals_one_process_build():
     assert not (a[1] == np.arange(50)[:, None] + 1000).any()       # the query's own row is excluded
 
 
+def shard_files(X: np.ndarray, trained: faiss.Index, folder: pathlib.Path, parts: int = 4) -> list[str]:
+    """``X`` (ids 1000 + row) added to copies of ``trained`` in ``parts`` row ranges, written as shard files."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    for j, rows in enumerate(np.array_split(np.arange(len(X)), parts)):
+        shard = core.from_bytes(core.to_bytes(trained))
+        core.add_vectors(shard, rows + 1000, X[rows])
+        files.append(str(folder / f"shard-{j}.faiss"))
+        pathlib.Path(files[-1]).write_bytes(core.to_bytes(shard))
+    return files
+
+
+def test_ondisk_merge_equals_memory_merge_and_one_process_build(tmp_path):
+    X = corpus()
+    trained = core.train_index(FACTORY, X)
+    files = shard_files(X, trained, tmp_path / "shards")
+    memory = core.merge_shards(core.from_bytes(core.to_bytes(trained)), (pathlib.Path(f).read_bytes() for f in files))
+    ondisk = core.merge_shards_ondisk(core.from_bytes(core.to_bytes(trained)), files, str(tmp_path / "work.ivfdata"))
+    single = core.from_bytes(core.to_bytes(trained))
+    core.add_vectors(single, np.arange(N) + 1000, X)
+    assert core.ivfdata_file(ondisk) == str(tmp_path / "work.ivfdata") and core.ivfdata_file(memory) is None
+    assert ondisk.ntotal == memory.ntotal == single.ntotal == N
+    for nprobe in (1, 4, 16):
+        results = []
+        for index in (ondisk, memory, single):
+            core.set_nprobe(index, nprobe)
+            results.append(core.search_excluding(index, X[:50], 10, np.arange(50) + 1000))
+        for scores, ids in results[1:]:
+            np.testing.assert_array_equal(results[0][1], ids)
+            np.testing.assert_array_equal(results[0][0], scores)
+    assert str(tmp_path).encode() not in core.to_bytes(ondisk)     # the bytes name the .ivfdata by its bare name
+    assert core.ivfdata_file(ondisk) == str(tmp_path / "work.ivfdata")
+
+
+def test_ondisk_index_publishes_loads_moves_and_is_hash_checked(tmp_path, monkeypatch):
+    X = corpus()
+    trained = core.train_index(FACTORY, X)
+    files = shard_files(X, trained, tmp_path / "shards")
+    ondisk = core.merge_shards_ondisk(core.from_bytes(core.to_bytes(trained)), files, str(tmp_path / "work.ivfdata"))
+    manifest = core.build_manifest(ondisk, FACTORY, 4, [], core.to_bytes(ondisk), None, None, {"k": 10})
+    assert manifest["format_version"] == core.ONDISK_FORMAT_VERSION
+    assert manifest["ivfdata"]["bytes"] == (tmp_path / "work.ivfdata").stat().st_size
+    version = core.publish_index(str(tmp_path / "index"), ondisk, manifest, None)
+    folder = tmp_path / "index" / version
+    assert sorted(p.name for p in folder.iterdir()) == [core.INDEX_FILE, core.IVFDATA_FILE, core.MANIFEST]
+    memory = published(tmp_path / "memory", X)                        # ids 0…N−1, the shards' are 1000 + row
+    want = memory.search(X[:30], k=10)
+    want = (want[0] + 1000, want[1])
+    (tmp_path / "work.ivfdata").unlink()                               # the build's file is not what is read
+    shutil.move(str(tmp_path / "index"), str(tmp_path / "moved"))      # nor is the folder it was written to
+    for uri in (str(tmp_path / "moved"), f"file://{tmp_path / 'moved'}"):
+        searcher = core.Searcher.load(uri)
+        assert core.ivfdata_file(searcher.index) == str(tmp_path / "moved" / version / core.IVFDATA_FILE)
+        got = searcher.search(X[:30], k=10)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+    with monkeypatch.context() as patch:                               # as from an object store: a local copy
+        patch.setattr(core.storage, "local_path", lambda path: None)
+        searcher = core.Searcher.load(str(tmp_path / "moved"))
+        copy = core.ivfdata_file(searcher.index)
+        assert not copy.startswith(str(tmp_path)) and not os.path.exists(copy)   # mapped, its name removed
+        np.testing.assert_array_equal(searcher.search(X[:30], k=10)[0], want[0])
+    data = tmp_path / "moved" / version / core.IVFDATA_FILE
+    payload = bytearray(data.read_bytes())
+    payload[-1] ^= 1
+    data.write_bytes(bytes(payload))
+    with pytest.raises(core.IndexArtifactError, match="content hash mismatch of index.ivfdata"):
+        core.Searcher.load(str(tmp_path / "moved"))
+    data.write_bytes(bytes(payload[:-4]))
+    with pytest.raises(core.IndexArtifactError, match="content hash mismatch of index.ivfdata"):
+        core.Searcher.load(str(tmp_path / "moved"))
+    data.unlink()
+    with pytest.raises(core.IndexArtifactError, match="unreadable index.ivfdata"):
+        core.Searcher.load(str(tmp_path / "moved"))
+
+
+def test_ondisk_merge_needs_an_ivf_index(tmp_path):
+    X = corpus()
+    flat = core.train_index("IDMap,Flat", X)
+    with pytest.raises(ValueError, match="only an IVF index"):
+        core.merge_shards_ondisk(flat, shard_files(X, flat, tmp_path / "shards"), str(tmp_path / "x.ivfdata"))
+
+
 def test_nprobe_curve_and_pick():
     X = corpus()
     index = core.train_index(FACTORY, X)
