@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> dict:
             df = found.read(spark)
             total = df.count()
             sample = draw(df, "vector", "id", d, args.train_size, args.seed, total)
-            return build_index(df, "vector", "id", d, factory, str(work / "index-work"), sample, total)[0]
+            return build_index(df, "vector", "id", d, factory, str(work / "index-work"), sample, total).index
         return build
 
     ids, x = load(found.files, d)                  # the queries and exact neighbours, outside the timings

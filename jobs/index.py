@@ -8,7 +8,12 @@ Reads ``input`` pinned to one Delta version (every row must be valid: the contra
 the shards (:mod:`anisotropy_spark.index_build`), then measures recall@k against the exact top-k of
 ``query_size`` sampled rows for nprobe 1, 2, 4, … The version is written under ``index_dir`` and ``CURRENT``
 moves to it only when recall at the chosen nprobe reaches ``min_index_recall``; otherwise ``CURRENT`` keeps the
-previous index, the summary says why and the job exits 3. ``artifact``: the transform the table was corrected
+previous index, the summary says why and the job exits 3. With labelled ``queries`` (raw query vectors and
+their relevant corpus ids, as the evaluation block's), the verification also measures nDCG@k of the index at
+that nprobe (the queries transformed by the artifact, as :class:`anisotropy_core.index.Searcher` does) and of
+exact search over the same corrected rows, and refuses the swap when the index's is below exact's by more than
+``max_ndcg_drop``. The shards are merged in memory up to ``merge_memory_mb`` MiB, on disk beyond
+(:mod:`anisotropy_spark.index_build`). ``artifact``: the transform the table was corrected
 with (copied into the index, applied to raw queries by :class:`anisotropy_core.index.Searcher`); null for an
 index of raw vectors. ``quality_input`` (with an artifact): the raw table the corrected one came from; the
 summary's ``quality`` then holds imbalance, recall and search time of raw against corrected vectors at the same
@@ -35,14 +40,50 @@ from pyspark.sql import functions as F
 from anisotropy_core import index as core
 from anisotropy_core.artifact import Artifact, load_artifact
 from anisotropy_spark.contract import SchemaError
-from anisotropy_spark.evaluation import require_integral
-from anisotropy_spark.index_build import Sample, build_index, draw, exact_ids, space_quality, verify_index
+from anisotropy_spark.evaluation import QuerySet, read_queries, require_integral
+from anisotropy_spark.index_build import (
+    MergeBudgetError,
+    Sample,
+    build_index,
+    draw,
+    exact_ids,
+    exact_ids_and_labelled,
+    space_quality,
+    verify_index,
+    verify_ndcg,
+)
 from anisotropy_spark.io import as_vector_array, read_table, validate
 from anisotropy_spark.session import get_spark
 from jobs.cli import EXIT, run
-from jobs.config import ConfigError, parse_args
+from jobs.config import ConfigError, EvaluationConfig, parse_args
 
 log = logging.getLogger("anisotropy.index")
+
+
+NDCG_NOT_MEASURED = "not measured (no labelled queries)"
+
+
+@dataclasses.dataclass(kw_only=True)
+class LabelledQueries:
+    """Labelled queries for the index's nDCG verification: a Delta/Parquet table at ``path`` of (``id_col``,
+    ``vector_col`` — the RAW query vector, as a user would search with —, ``relevant_col`` — one relevant corpus
+    id or a list), read as the evaluation block's ``queries`` (:func:`anisotropy_spark.evaluation.read_queries`).
+    ``exclude_self``: the queries are corpus rows and never retrieve their own row (the evaluation's
+    ``exclude_self``)."""
+
+    path: str
+    id_col: str = "query_id"
+    vector_col: str = "vector"
+    relevant_col: str = "relevant"
+    exclude_self: bool = False
+
+    @classmethod
+    def of_evaluation(cls, evaluation: EvaluationConfig | None) -> "LabelledQueries | None":
+        """The queries of an ``evaluation:`` block (None when it names none)."""
+        if evaluation is None or not evaluation.queries:
+            return None
+        return cls(path=evaluation.queries, id_col=evaluation.query_id_col, vector_col=evaluation.query_vector_col,
+                   relevant_col=evaluation.relevant_col, exclude_self=evaluation.exclude_self)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -60,6 +101,16 @@ class IndexSettings:
     vector_col: str = "vector"
     id_col: str = "id"
     dimension: int | None = None
+    merge_memory_mb: float = dataclasses.field(default=4096.0, metadata={"help": (
+        "MiB of shards the driver merges in memory; beyond it faiss's on-disk merge writes the inverted lists to "
+        "an .ivfdata file beside the index (IVF factories only) (default 4096)")})
+    queries: LabelledQueries | None = dataclasses.field(default=None, metadata={"help": (
+        "labelled queries {path, id_col, vector_col, relevant_col, exclude_self} (raw vectors): the verification "
+        "also compares the index's nDCG@k with exact search's; null = not measured (the nightly then uses its "
+        "evaluation block's queries, if any) (default null)")})
+    max_ndcg_drop: float = dataclasses.field(default=0.02, metadata={"help": (
+        "with queries: refuse the swap when the index's nDCG@k is below exact search's by more than this "
+        "(default 0.02)")})
 
     def check(self) -> list[str]:
         problems = [f"{key} must be >= 1, got {getattr(self, key)}" for key in ("k", "train_size", "query_size")
@@ -68,6 +119,10 @@ class IndexSettings:
             problems.append(f"nprobe must be >= 1 or null, got {self.nprobe}")
         if not 0 <= self.min_index_recall <= 1:
             problems.append(f"min_index_recall must be in [0, 1], got {self.min_index_recall}")
+        if not self.merge_memory_mb >= 0:
+            problems.append(f"merge_memory_mb must be >= 0 (0: always on disk), got {self.merge_memory_mb}")
+        if not 0 <= self.max_ndcg_drop <= 1:
+            problems.append(f"max_ndcg_drop must be in [0, 1], got {self.max_ndcg_drop}")
         if self.dimension is not None and self.dimension < 1:
             problems.append(f"dimension must be >= 1, got {self.dimension}")
         return problems
@@ -123,14 +178,24 @@ def samples(table: Table, settings: IndexSettings) -> tuple[Sample, Sample]:
     return drawn, Sample(drawn.vectors[pick], drawn.ids[pick])
 
 
+def labelled_queries(spark: SparkSession, queries: LabelledQueries, dimension: int) -> QuerySet:
+    """The labelled queries (raw vectors of ``dimension``); a table that cannot serve is a config error."""
+    try:
+        return read_queries(spark, queries.path, queries.id_col, queries.vector_col, queries.relevant_col, dimension)
+    except (ValueError, FileNotFoundError) as exc:
+        raise ConfigError(f"index queries {queries.path}: {exc}") from exc
+
+
 def index_stage(spark: SparkSession, settings: IndexSettings, path: str, version: int | None,
                 artifact_path: str | None, raw_table: tuple[str, int | None] | None = None) -> dict:
     """Build the index of ``path`` at ``version`` (the nightly's ``index`` stage after publish: the published table
     and version, and the artifact it was corrected with), verify it and move ``CURRENT`` to it when it passes.
     ``raw_table`` (path, version): the raw table the corrected one came from, for the raw-against-corrected
     measures (ignored without an artifact: raw and corrected are then one space). Returns the run record:
-    ``status`` ``published`` or ``refused`` (with ``reason``; ``CURRENT`` unchanged), the index version, the
-    previous one, the verification and, with ``raw_table``, ``quality``."""
+    ``status`` ``published`` or ``refused`` (with ``reason``, every failed check; ``CURRENT`` unchanged), the index
+    version, the previous one, how the shards were merged (``merge``), the verification (recall, and ``ndcg``:
+    the labelled queries' nDCG@k of the index and of exact search, or :data:`NDCG_NOT_MEASURED`; ``passed``: both
+    checks) and, with ``raw_table``, ``quality``."""
     started = time.perf_counter()
     artifact: Artifact | None = load_artifact(artifact_path) if artifact_path else None
     table = valid_table(spark, path, version, settings)
@@ -138,29 +203,72 @@ def index_stage(spark: SparkSession, settings: IndexSettings, path: str, version
         raise core.IndexArtifactError(f"{path} holds vectors of dimension {table.dimension} but transform "
                                       f"{artifact.transform_version} outputs dimension {artifact.transform.d_out}: "
                                       f"the table was not corrected with this artifact")
+    transform = artifact.transform if artifact is not None else None
+    labelled = None
+    if settings.queries is not None:
+        labelled = labelled_queries(spark, settings.queries, transform.d_in if transform else table.dimension)
     previous = core.current_version(settings.index_dir)
     train, queries = samples(table, settings)
-    index, factory = build_index(table.rows, settings.vector_col, settings.id_col, table.dimension,
-                                 settings.factory, settings.index_dir, train, table.total)
-    exact = exact_ids(table.rows, settings.vector_col, settings.id_col, table.dimension, queries, settings.k,
-                      {"index": None})["index"]
-    verification = verify_index(index, queries, exact, settings.k, settings.min_index_recall, settings.nprobe)
+    try:
+        built = build_index(table.rows, settings.vector_col, settings.id_col, table.dimension, settings.factory,
+                            settings.index_dir, train, table.total, merge_memory_mb=settings.merge_memory_mb)
+    except MergeBudgetError as exc:
+        raise ConfigError(f"index: {exc}") from exc
+    try:
+        return verify_and_swap(spark, settings, table, artifact, labelled, built.index, built.factory, built.merge,
+                               previous, queries, raw_table, started)
+    finally:
+        built.close()
+
+
+def verify_and_swap(spark: SparkSession, settings: IndexSettings, table: Table, artifact: Artifact | None,
+                    labelled: QuerySet | None, index, factory: str, merge: dict, previous: str | None,
+                    queries: Sample, raw_table: tuple[str, int | None] | None, started: float) -> dict:
+    """The verification and swap of :func:`index_stage` for the built ``index``."""
+    transform = artifact.transform if artifact is not None else None
+    k = settings.k
+    if labelled is None:
+        exact = exact_ids(table.rows, settings.vector_col, settings.id_col, table.dimension, queries, k,
+                          {"index": None})["index"]
+    else:                    # one pass: the sampled rows and the labelled queries (in the corrected space)
+        assert settings.queries is not None
+        exact, labelled_exact = exact_ids_and_labelled(
+            table.rows, settings.vector_col, settings.id_col, table.dimension, queries, k,
+            transform.apply(labelled.vectors) if transform is not None else labelled.vectors, labelled.ids,
+            settings.queries.exclude_self)
+    verification = verify_index(index, queries, exact, k, settings.min_index_recall, settings.nprobe)
+    reasons = []
+    if not verification["passed"]:
+        reasons.append(f"recall@{k} {verification[f'recall@{k}']:.4f} at nprobe {verification['nprobe']} is below "
+                       f"min_index_recall {settings.min_index_recall}")
+    if labelled is None:
+        verification["ndcg"] = NDCG_NOT_MEASURED
+    else:
+        assert settings.queries is not None
+        ndcg = verify_ndcg(index, transform, labelled.vectors, labelled.ids, labelled.relevant, labelled_exact, k,
+                           verification["nprobe"], settings.max_ndcg_drop, settings.queries.exclude_self)
+        verification["ndcg"] = {**ndcg, "queries_path": settings.queries.path}
+        if not ndcg["passed"]:
+            reasons.append(f"nDCG@{k} of the index {ndcg['index']:.4f} at nprobe {ndcg['nprobe']} is "
+                           f"{ndcg['drop']:.4f} below exact search's {ndcg['exact']:.4f}, more than max_ndcg_drop "
+                           f"{settings.max_ndcg_drop}")
+    verification["recall_passed"] = verification["passed"]
+    verification["passed"] = not reasons
+    transform_version = artifact.transform_version if artifact else None
     record = {"index_dir": settings.index_dir, "previous_version": previous, "factory": factory,
-              "n": int(index.ntotal), "d": int(index.d), "built_from": table.ref,
-              "transform_version": artifact.transform_version if artifact else None, "verification": verification}
+              "n": int(index.ntotal), "d": int(index.d), "built_from": table.ref, "merge": merge,
+              "transform_version": transform_version, "verification": verification}
     if raw_table is not None and artifact is not None:
         raw = valid_table(spark, raw_table[0], raw_table[1], settings, artifact.transform.d_in)
         raw_train, raw_queries = samples(raw, settings)
         record["quality"] = space_quality(raw.rows, settings.vector_col, settings.id_col, raw.dimension, factory,
                                           verification["nprobe"], artifact.transform, settings.index_dir,
-                                          raw_train, raw_queries, raw.total, settings.k)
-    if not verification["passed"]:
-        reason = (f"recall@{settings.k} {verification[f'recall@{settings.k}']:.4f} at nprobe "
-                  f"{verification['nprobe']} is below min_index_recall {settings.min_index_recall}; "
-                  f"CURRENT stays on {previous}")
+                                          raw_train, raw_queries, raw.total, k, settings.merge_memory_mb)
+    if reasons:
+        reason = "; ".join(reasons) + f"; CURRENT stays on {previous}"
         return {**record, "status": "refused", "reason": reason, "seconds": time.perf_counter() - started}
     manifest = core.build_manifest(index, factory, verification["nprobe"], verification["nprobe_curve"],
-                                   core.to_bytes(index), table.ref, record["transform_version"], verification)
+                                   core.to_bytes(index), table.ref, transform_version, verification)
     version_name = core.publish_index(settings.index_dir, index, manifest, artifact)
     return {**record, "status": "published", "index_version": version_name, "seconds": time.perf_counter() - started}
 

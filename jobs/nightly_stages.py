@@ -64,7 +64,7 @@ from jobs.fit_or_reuse import (
     serving_artifact,
 )
 from jobs.gate import GateError, gate
-from jobs.index import index_stage
+from jobs.index import LabelledQueries, index_stage
 from jobs.nightly_config import NightlyConfig, check_against_data
 from jobs.run_records import json_safe
 
@@ -516,11 +516,13 @@ def publish_output(ctx: NightlyContext, info: dict) -> None:
 def build_index(ctx: NightlyContext, info: dict) -> None:
     """With an ``index:`` block, after a publish: build, verify and swap in the faiss index of the version just
     published (:func:`jobs.index.index_stage`; a refused verification leaves ``CURRENT`` on the previous index and
-    the record says why). Recorded as ``index``."""
+    the record says why). Recorded as ``index``. Without ``queries`` of its own, the index block verifies nDCG
+    with the ``evaluation:`` block's labelled queries, when it has some."""
     config, rec = ctx.config, ctx.record
     if config.index is None or rec["status"] != "published":
         return
-    settings = dataclasses.replace(config.index, vector_col=config.out_col, id_col=config.id_col)
+    settings = dataclasses.replace(config.index, vector_col=config.out_col, id_col=config.id_col,
+                                   queries=config.index.queries or LabelledQueries.of_evaluation(config.evaluation))
     rec["index"] = index_stage(ctx.spark, settings, config.output, rec["output"]["version"], rec["applied"]["artifact"],
                                raw_table=(config.input, ctx.ref.version))
     info["rows"] = rec["counts"].get("output_rows", 0)
