@@ -19,7 +19,10 @@ itself, its artifact and its query side).
   searched through the page cache. :meth:`BuiltIndex.close` removes the workspace.
 * **Verify** (:func:`verify_index`): recall@k of the index against the exact top-k
   (:func:`anisotropy_spark.evaluation.distributed_top_k`) of sampled rows used as queries (a query's own row
-  excluded), for nprobe 1, 2, 4, …; the default nprobe is the smallest reaching the target.
+  excluded), for nprobe 1, 2, 4, …; the default nprobe is the smallest reaching the target. With labelled
+  queries (:func:`verify_ndcg`): nDCG@k of the index at that nprobe (the raw queries through the transform, as
+  the Searcher searches) against that of the exact top-k over the same rows, found in the same distributed pass
+  as the recall's (:func:`exact_ids_and_labelled`).
 * **Raw against corrected** (:func:`space_quality`): the same factory and nprobe built on the raw vectors and on
   the corrected ones, with imbalance, recall and search time of each.
 """

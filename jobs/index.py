@@ -283,7 +283,7 @@ def search_printout(spark: SparkSession, searcher: core.Searcher, corpus_table: 
                     id_col: str = "id", vector_col: str = "vector", text_col: str = "sentence") -> str:
     """The demo's last lines: the raw vector of the corpus row ``query_id`` of ``corpus_table`` searched through
     ``searcher`` (transform + index), its ``k`` nearest rows by id, score and text, and the index's recall against
-    exact search (from its manifest's verification)."""
+    exact search (from its manifest's verification; with its nDCG against exact search's when measured)."""
     corpus = spark.read.format("delta").load(corpus_table)
     row = corpus.where(F.col(id_col) == query_id).select(text_col, vector_col).first()
     if row is None:
@@ -295,10 +295,13 @@ def search_printout(spark: SparkSession, searcher: core.Searcher, corpus_table: 
     manifest = searcher.manifest
     check = manifest["verification"]
     recall = check[f"recall@{check['k']}"]
+    ndcg = check.get("ndcg")
+    measured = (f"; nDCG@{ndcg['k']} {ndcg['index']:.3f} against exact search's {ndcg['exact']:.3f} on "
+                f"{ndcg['queries']} labelled queries") if isinstance(ndcg, dict) else ""
     lines = [f"## Search: {row[text_col]!r} (id {query_id})", "",
              f"index {manifest['index_version']} ({manifest['factory']}, nprobe {manifest['nprobe']}, "
              f"{manifest['n']} vectors; transform {manifest['transform_version']}): recall@{check['k']} against "
-             f"exact search {recall:.3f} on {check['queries']} queries", ""]
+             f"exact search {recall:.3f} on {check['queries']} queries{measured}", ""]
     lines += [f"{rank}. id {i}  cosine {s:.3f}  {texts.get(i, '')}" for rank, (i, s) in enumerate(hits, 1)]
     return "\n".join(lines)
 
