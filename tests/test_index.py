@@ -147,6 +147,27 @@ def test_ondisk_index_publishes_loads_moves_and_is_hash_checked(tmp_path, monkey
         core.Searcher.load(str(tmp_path / "moved"))
 
 
+def test_ondisk_merge_of_remote_shards_in_a_temporary_workspace(tmp_path, monkeypatch):
+    """Shards and index_dir on an object store (here: every path treated as not local): the shards are copied
+    into a temporary workspace, merged there and the copies removed; close() removes the workspace."""
+    from anisotropy_spark import index_build
+    X = corpus()
+    trained = core.train_index(FACTORY, X)
+    files = shard_files(X, trained, tmp_path / "shards")
+    monkeypatch.setattr(index_build.storage, "local_path", lambda path: None)
+    workspace = index_build.merge_workspace(str(tmp_path / "index"), "build")
+    assert not workspace.startswith(str(tmp_path)) and not (tmp_path / "index").exists()
+    merged = index_build.merge_on_disk(core.from_bytes(core.to_bytes(trained)), files, workspace)
+    assert os.listdir(workspace) == [core.IVFDATA_FILE]                   # the shard copies are gone
+    memory = core.merge_shards(core.from_bytes(core.to_bytes(trained)), (pathlib.Path(f).read_bytes() for f in files))
+    for index in (merged, memory):
+        core.set_nprobe(index, 4)
+    np.testing.assert_array_equal(core.search_excluding(merged, X[:50], 10)[1], core.search_excluding(memory, X[:50], 10)[1])
+    built = index_build.BuiltIndex(merged, FACTORY, {"mode": "on_disk"}, workspace)
+    built.close()
+    assert not os.path.exists(workspace) and built.workspace is None
+
+
 def test_ondisk_merge_needs_an_ivf_index(tmp_path):
     X = corpus()
     flat = core.train_index("IDMap,Flat", X)
@@ -391,14 +412,15 @@ def job_env() -> dict:
     return env
 
 
-@pytest.mark.parametrize("kill_at", ["merge", "pointer"])
+@pytest.mark.parametrize("kill_at", ["merge", "ondisk_merge", "pointer"])
 def test_kill_during_the_index_stage_leaves_a_readable_current_index(table, first_index, tmp_path, kill_at):
     path, X = table
     index_dir = copy_of(first_index, tmp_path)
     old = core.Searcher.load(str(index_dir))
     conf = tmp_path / "index.yaml"
     conf.write_text(yaml.safe_dump({"input": path, "index_dir": str(index_dir), "factory": "IVF8,Flat",
-                                    "train_size": N, "query_size": 60, "artifact": None, "master": "local[2]"}))
+                                    "train_size": N, "query_size": 60, "artifact": None, "master": "local[2]",
+                                    "merge_memory_mb": 0 if kill_at == "ondisk_merge" else 4096}))
     process = subprocess.run([sys.executable, "tests/index_with_faults.py", "--conf", str(conf)], cwd=REPO,
                              env=dict(job_env(), KILL_AT=kill_at), capture_output=True, text=True, timeout=900)
     assert process.returncode == -9, process.stdout[-2000:] + process.stderr[-4000:]
@@ -412,6 +434,8 @@ def test_kill_during_the_index_stage_leaves_a_readable_current_index(table, firs
         assert core.Searcher.open(str(index_dir), new).manifest["nlist"] == 8
     else:
         assert versions == {old.manifest["index_version"]}
+    if kill_at == "ondisk_merge":    # the killed build's workspace is left (documented as deletable), never read
+        assert [f.name for build in (index_dir / "_merge").iterdir() for f in build.iterdir()] == [core.IVFDATA_FILE]
 
 
 def test_stage_merges_on_disk_beyond_merge_memory_mb(spark, table, first_index, tmp_path):
