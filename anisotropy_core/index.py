@@ -6,6 +6,8 @@ Layout of ``<index_dir>/``::
     CURRENT                       the name of the current version (one line), replaced atomically, only after
                                   the new version was written and read back
     <index_version>/index.faiss   faiss's own serialisation (faiss.serialize_index)
+    <index_version>/index.ivfdata only for an index merged on disk (:func:`merge_shards_ondisk`): the inverted
+                                  lists as faiss's ``OnDiskInvertedLists`` file, memory-mapped by the reader
     <index_version>/transform/    a copy of the transform artifact the vectors were corrected with (absent for an
                                   index of raw vectors): the query side can never drift from the index
     <index_version>/manifest.json {"format": "anisotropy-index", "format_version": 1, "factory", "nlist",
@@ -13,11 +15,22 @@ Layout of ``<index_dir>/``::
                                    "normalized": true, "built_from": {"path", "version"} | null,
                                    "transform_version" | null, "verification", "created_at",
                                    "content_sha256", "index_version"}
+                                  (format_version 2, on disk, adds "ivfdata": {"file", "bytes", "sha256"})
 
 ``content_sha256`` covers every manifest field except ``created_at`` (and itself and ``index_version``) plus the
-index bytes; ``index_version`` = ``index-<first 12 hex of the hash>``. Files are written through
+index bytes (and so, through ``ivfdata.sha256``, the ``.ivfdata`` file); ``index_version`` =
+``index-<first 12 hex of the hash>``. Files are written through
 :mod:`anisotropy_core.storage` (payload first, manifest last, then ``CURRENT``), so a reader following ``CURRENT``
 finds a complete, hash-checked version or the previous one.
+
+On-disk inverted lists: when the shards do not fit the driver's memory budget the shards are merged by faiss's
+on-disk merge into an ``.ivfdata`` file (:func:`merge_shards_ondisk`). faiss records the file's NAME inside the
+index; :func:`to_bytes` records the bare name ``index.ivfdata`` (never the build's temporary path) and the reader
+(:func:`from_bytes` with ``ivfdata``) reads the index without its list data and maps the ``.ivfdata`` that lies
+next to ``index.faiss`` in the version folder (read-only), so a version directory can be moved or copied (or
+loaded from an object store, whose ``.ivfdata`` is first copied to a local temporary file) and still loads.
+Readers of format_version 1 refuse a version 2 index instead of looking for ``index.ivfdata`` in their working
+directory.
 
 Query side::
 
@@ -27,13 +40,18 @@ Query side::
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import datetime as _dt
 import hashlib
 import json
 import math
+import os
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import faiss
 import numpy as np
@@ -45,9 +63,11 @@ from .transforms import FittedTransform
 
 FORMAT = "anisotropy-index"
 FORMAT_VERSION = 1
+ONDISK_FORMAT_VERSION = 2           # an index whose inverted lists are the ``.ivfdata`` file next to it
 CURRENT = "CURRENT"
 MANIFEST = "manifest.json"
 INDEX_FILE = "index.faiss"
+IVFDATA_FILE = "index.ivfdata"
 TRANSFORM_DIR = "transform"
 METRIC = "inner_product"
 DEFAULT_FACTORY = "IVF{nlist},Flat"
@@ -136,14 +156,52 @@ def add_vectors(index: faiss.Index, ids: np.ndarray, vectors: np.ndarray) -> Non
     index.add_with_ids(unit_float32(vectors), integral_ids(ids))
 
 
+def ondisk_lists(index: faiss.Index) -> Any:
+    """The ``faiss.OnDiskInvertedLists`` of ``index``, None when its inverted lists are in memory (or it has
+    none)."""
+    if not is_ivf(index):
+        return None
+    invlists = ivf_of(index).invlists
+    lists = faiss.downcast_InvertedLists(invlists) if invlists is not None else None
+    return lists if isinstance(lists, faiss.OnDiskInvertedLists) else None
+
+
+def ivfdata_file(index: faiss.Index) -> str | None:
+    """The local file holding the inverted lists of an index merged on disk; None for an in-memory index."""
+    lists = ondisk_lists(index)
+    return None if lists is None else str(lists.filename)
+
+
 def to_bytes(index: faiss.Index) -> bytes:
-    """faiss's own serialisation of ``index``."""
-    return faiss.serialize_index(index).tobytes()
+    """faiss's own serialisation of ``index``. For on-disk inverted lists: the index without the list data, which
+    names its ``.ivfdata`` file by the bare :data:`IVFDATA_FILE` (the file's place in a version folder), not by
+    the path it has now, so the bytes do not depend on where the merge ran."""
+    lists = ondisk_lists(index)
+    if lists is None:
+        return faiss.serialize_index(index).tobytes()
+    where = lists.filename
+    lists.filename = IVFDATA_FILE
+    try:
+        return faiss.serialize_index(index).tobytes()
+    finally:
+        lists.filename = where
 
 
-def from_bytes(payload: bytes) -> faiss.Index:
-    """The index :func:`to_bytes` wrote."""
-    return faiss.deserialize_index(np.frombuffer(payload, dtype=np.uint8))
+def from_bytes(payload: bytes, ivfdata: str | None = None) -> faiss.Index:
+    """The index :func:`to_bytes` wrote. ``ivfdata``: the local ``.ivfdata`` file of an index with on-disk
+    inverted lists, memory-mapped read-only (the name recorded inside the index is not used)."""
+    if ivfdata is None:
+        return faiss.deserialize_index(np.frombuffer(payload, dtype=np.uint8))
+    reader = faiss.VectorIOReader()
+    faiss.copy_array_to_vector(np.frombuffer(payload, dtype=np.uint8), reader.data)
+    index = faiss.read_index(reader, faiss.IO_FLAG_SKIP_IVF_DATA)
+    lists = ondisk_lists(index)
+    if lists is None:
+        raise ValueError("the index has no on-disk inverted lists, but an .ivfdata file was given")
+    lists.filename = os.path.abspath(ivfdata)
+    lists.read_only = True
+    lists.do_mmap()
+    return index
 
 
 def merge_shards(trained: faiss.Index, shards: Iterable[bytes]) -> faiss.Index:
@@ -159,6 +217,59 @@ def merge_shards(trained: faiss.Index, shards: Iterable[bytes]) -> faiss.Index:
             trained.ntotal = ivf_of(trained).ntotal
         else:
             trained.merge_from(shard, 0)
+    return trained
+
+
+@contextlib.contextmanager
+def _c_stdout_to_stderr() -> Iterator[None]:
+    """Send what C code prints on stdout to stderr meanwhile (faiss's ``OnDiskInvertedLists`` printf()s a
+    "resizing …" line; the jobs keep stdout for their JSON record)."""
+    try:
+        libc = ctypes.CDLL(None)
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, AttributeError, ValueError):
+        yield
+        return
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        libc.fflush(None)
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def merge_shards_ondisk(trained: faiss.Index, shard_files: Sequence[str], ivfdata: str) -> faiss.Index:
+    """One index holding every vector of the shard files ``shard_files`` (local files of serialised copies of
+    ``trained`` with vectors added), its inverted lists on disk in the new local file ``ivfdata``: faiss's
+    on-disk merge, the recipe of ``faiss.contrib.ondisk.merge_ondisk`` — the shards are memory-mapped
+    (``IO_FLAG_MMAP``, never loaded), ``OnDiskInvertedLists.merge_from_multiple`` writes each list's entries
+    shard after shard (ids kept), and the lists replace the trained index's. The entries of each list are thus
+    in the order of :func:`merge_shards`, so searches give the same ids and distances. Unlike ``merge_ondisk``
+    the shards' mappings are released once merged (it leaks them to keep their lists alive), so deleting the
+    shard files frees their disk space before the process ends. ``trained`` must be an empty IVF index
+    (not IVFPQR, which faiss cannot put on disk); it is returned filled. Memory: the trained index and the
+    list metadata, whatever the number of vectors."""
+    if trained.ntotal:
+        raise ValueError("merge_shards_ondisk needs the empty trained index")
+    if not is_ivf(trained) or isinstance(ivf_of(trained), faiss.IndexIVFPQR):
+        raise ValueError("only an IVF index (other than IVFPQR) can hold its inverted lists on disk")
+    if os.path.exists(ivfdata):
+        raise ValueError(f"{ivfdata} exists: the on-disk merge writes a new file")
+    shards = [faiss.read_index(name, faiss.IO_FLAG_MMAP) for name in shard_files]
+    sources = faiss.InvertedListsPtrVector()  # type: ignore[attr-defined]  # in the SWIG module, not its stubs
+    for shard in shards:
+        sources.push_back(ivf_of(shard).invlists)
+    ivf = ivf_of(trained)
+    lists = faiss.OnDiskInvertedLists(ivf.nlist, ivf.code_size, ivfdata)
+    with _c_stdout_to_stderr():
+        ntotal = lists.merge_from_multiple(sources.data(), sources.size(), False)
+    ivf.replace_invlists(lists, True)
+    lists.this.disown()  # type: ignore[attr-defined]  # owned by the index now (SWIG proxy attribute)
+    ivf.ntotal = ntotal
+    trained.ntotal = ntotal
+    del sources, shards                   # unmaps the shards
     return trained
 
 
@@ -239,12 +350,17 @@ def content_hash(manifest: dict, payload: bytes) -> str:
 
 def build_manifest(index: faiss.Index, factory: str, nprobe: int, curve: list[dict], payload: bytes,
                    built_from: dict | None, transform_version: str | None, verification: dict) -> dict:
-    """The manifest of ``index`` (serialised as ``payload``); see the module docstring."""
+    """The manifest of ``index`` (serialised as ``payload``); see the module docstring. An index merged on disk
+    gets format_version 2 and the size and sha256 of its ``.ivfdata`` file (streamed, not loaded)."""
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "factory": factory,
                 "nlist": int(ivf_of(index).nlist) if is_ivf(index) else None, "nprobe": int(nprobe),
                 "nprobe_curve": curve, "d": int(index.d), "n": int(index.ntotal), "metric": METRIC,
                 "normalized": True, "built_from": built_from, "transform_version": transform_version,
                 "verification": verification}
+    data = ivfdata_file(index)
+    if data is not None:
+        manifest["format_version"] = ONDISK_FORMAT_VERSION
+        manifest["ivfdata"] = {"file": IVFDATA_FILE, "bytes": storage.size(data), "sha256": storage.sha256(data)}
     sha = content_hash(manifest, payload)
     return {**manifest, "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "content_sha256": sha, "index_version": f"index-{sha[:12]}"}
@@ -261,7 +377,12 @@ def save_index(index_dir: str, index: faiss.Index, manifest: dict, transform: Ar
     ``index_dir`` WITHOUT touching ``CURRENT``; returns its path."""
     if (transform is None) != (manifest["transform_version"] is None):
         raise ValueError("the manifest's transform_version and the transform given disagree")
+    data = ivfdata_file(index)
+    if (data is None) != (manifest.get("ivfdata") is None):
+        raise ValueError("the manifest's ivfdata and the index's inverted lists (in memory or on disk) disagree")
     folder = storage.join(index_dir, manifest["index_version"])
+    if data is not None:                   # streamed: the lists are never loaded
+        storage.upload_file(data, storage.join(folder, manifest["ivfdata"]["file"]))
     storage.write_atomic(storage.join(folder, INDEX_FILE), to_bytes(index))
     if transform is not None:
         copied = save_artifact(storage.join(folder, TRANSFORM_DIR), transform.transform, transform.manifest["n"],
@@ -320,16 +441,19 @@ class Searcher:
         except (OSError, ValueError) as exc:
             raise IndexArtifactError(f"{folder}: unreadable index ({type(exc).__name__}: {exc})") from exc
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT \
-                or manifest.get("format_version") != FORMAT_VERSION:
-            raise IndexArtifactError(f"{folder}: not a {FORMAT} v{FORMAT_VERSION} index")
+                or manifest.get("format_version") not in (FORMAT_VERSION, ONDISK_FORMAT_VERSION) \
+                or (manifest.get("format_version") == ONDISK_FORMAT_VERSION) != isinstance(manifest.get("ivfdata"),
+                                                                                             dict):
+            raise IndexArtifactError(f"{folder}: not a {FORMAT} v{FORMAT_VERSION} or v{ONDISK_FORMAT_VERSION} index")
         sha = content_hash(manifest, payload)
         if sha != manifest.get("content_sha256") or manifest.get("index_version") != f"index-{sha[:12]}":
             raise IndexArtifactError(f"{folder}: content hash mismatch (index modified or corrupt); manifest says "
                                      f"{manifest.get('content_sha256')}, content is {sha}")
-        try:
-            index = from_bytes(payload)
-        except RuntimeError as exc:
-            raise IndexArtifactError(f"{folder}: faiss cannot read the index ({exc})") from exc
+        with _local_ivfdata(folder, manifest.get("ivfdata")) as data:
+            try:
+                index = from_bytes(payload, data)
+            except (RuntimeError, ValueError) as exc:
+                raise IndexArtifactError(f"{folder}: faiss cannot read the index ({exc})") from exc
         if (index.d, index.ntotal) != (manifest["d"], manifest["n"]):
             raise IndexArtifactError(f"{folder}: the index holds {index.ntotal} × {index.d}, the manifest says "
                                      f"{manifest['n']} × {manifest['d']}")
@@ -364,9 +488,53 @@ class Searcher:
         results (fewer than k vectors reachable): id −1, score −inf."""
         queries = np.atleast_2d(np.asarray(raw_queries, dtype=np.float64))
         self.check_dimension(queries.shape[1])
-        if not np.isfinite(queries).all():
-            raise ValueError(f"query row {int(np.argmin(np.isfinite(queries).all(axis=1)))} is not finite")
-        z = self.transform.apply(queries) if self.transform is not None else queries
-        set_nprobe(self.index, self.manifest["nprobe"] if nprobe is None else nprobe)
-        scores, ids = search_excluding(self.index, z, k)
-        return ids, scores
+        return search_raw(self.index, self.transform, queries, k, self.manifest["nprobe"] if nprobe is None else nprobe)
+
+
+def search_raw(index: faiss.Index, transform: FittedTransform | None, raw_queries: np.ndarray, k: int, nprobe: int,
+               exclude: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """What :meth:`Searcher.search` does with raw queries (m, d_in): ``transform`` (None: none), then
+    L2-normalisation, then ``index`` at ``nprobe`` (``exclude``: see :func:`search_excluding`). Returns
+    (ids (m, k), scores (m, k)). The index job's nDCG verification searches through this same function."""
+    queries = np.atleast_2d(np.asarray(raw_queries, dtype=np.float64))
+    if not np.isfinite(queries).all():
+        raise ValueError(f"query row {int(np.argmin(np.isfinite(queries).all(axis=1)))} is not finite")
+    z = transform.apply(queries) if transform is not None else queries
+    set_nprobe(index, nprobe)
+    scores, ids = search_excluding(index, z, k, exclude)
+    return ids, scores
+
+
+@contextlib.contextmanager
+def _local_ivfdata(folder: str, entry: dict | None) -> Iterator[str | None]:
+    """The local ``.ivfdata`` file of a version (None for an in-memory index) after its size and sha256 were
+    checked against the manifest's ``entry``: the file itself on a local filesystem; from an object store, a copy
+    in a temporary file removed on exit (a mapping made meanwhile keeps its data: POSIX unlinks a mapped file's
+    name only)."""
+    if entry is None:
+        yield None
+        return
+    name = entry.get("file")
+    if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
+        raise IndexArtifactError(f"{folder}: bad ivfdata file name {name!r}")
+    path = storage.join(folder, name)
+    local = storage.local_path(path)
+    copy = None
+    try:
+        try:
+            if local is None:
+                handle, copy = tempfile.mkstemp(prefix="anisotropy-index-", suffix=".ivfdata")
+                os.close(handle)
+                storage.download_file(path, copy)
+                local = copy
+            size, sha = storage.size(local), storage.sha256(local)
+        except OSError as exc:
+            raise IndexArtifactError(f"{folder}: unreadable {name} ({type(exc).__name__}: {exc})") from exc
+        if (size, sha) != (entry.get("bytes"), entry.get("sha256")):
+            raise IndexArtifactError(f"{folder}: content hash mismatch of {name} (modified or corrupt); manifest says "
+                                     f"{entry.get('bytes')} bytes, sha256 {entry.get('sha256')}; the file has "
+                                     f"{size} bytes, sha256 {sha}")
+        yield local
+    finally:
+        if copy is not None:
+            os.unlink(copy)

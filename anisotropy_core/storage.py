@@ -14,6 +14,7 @@ or a manifest whose hash matches the payload, or an error naming the mismatch.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import posixpath
 import uuid
@@ -100,3 +101,56 @@ def remove_tree(path: str) -> None:
     filesystem, inner = resolve(path)
     if filesystem.get_file_info(inner).type != pafs.FileType.NotFound:
         filesystem.delete_dir(inner)
+
+
+CHUNK = 8 << 20   # bytes per read when streaming a file (hashing, copying) instead of holding it in memory
+
+
+def size(path: str) -> int:
+    """The size in bytes of the file ``path``."""
+    filesystem, inner = resolve(path)
+    info = filesystem.get_file_info(inner)
+    if info.type != pafs.FileType.File:
+        raise FileNotFoundError(f"{path}: not a file")
+    return int(info.size)
+
+
+def local_path(path: str) -> str | None:
+    """The operating-system path of ``path`` when it lies on the local filesystem (a plain path or ``file://``),
+    else None (an object store or HDFS: copy it with :func:`download_file` to open it by name)."""
+    filesystem, inner = resolve(path)
+    return inner if isinstance(filesystem, pafs.LocalFileSystem) else None
+
+
+def sha256(path: str) -> str:
+    """Hex sha256 of the file ``path``, streamed in :data:`CHUNK` reads (memory does not grow with the file)."""
+    digest = hashlib.sha256()
+    filesystem, inner = resolve(path)
+    with filesystem.open_input_stream(inner) as stream:
+        while chunk := stream.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _copy_stream(source: pafs.FileSystem, source_path: str, target: pafs.FileSystem, target_path: str) -> None:
+    with source.open_input_stream(source_path) as reader, target.open_output_stream(target_path) as writer:
+        while chunk := reader.read(CHUNK):
+            writer.write(chunk)
+
+
+def upload_file(local: str, path: str) -> None:
+    """Copy the local file ``local`` to ``path`` (local path or URI) as :func:`write_atomic` writes: streamed to a
+    temporary name in the target's directory, then moved onto ``path``."""
+    filesystem, inner = resolve(path)
+    folder = posixpath.dirname(inner) if "/" in inner else "."
+    filesystem.create_dir(folder, recursive=True)
+    temporary = posixpath.join(folder, f".tmp-{uuid.uuid4().hex}-{posixpath.basename(inner)}")
+    _copy_stream(pafs.LocalFileSystem(), os.path.abspath(local), filesystem, temporary)
+    filesystem.move(temporary, inner)
+
+
+def download_file(path: str, local: str) -> None:
+    """Copy the file ``path`` (local path or URI) to the local file ``local``, streamed."""
+    filesystem, inner = resolve(path)
+    os.makedirs(os.path.dirname(os.path.abspath(local)), exist_ok=True)
+    _copy_stream(filesystem, inner, pafs.LocalFileSystem(), os.path.abspath(local))

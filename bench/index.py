@@ -8,7 +8,8 @@ Parquet files (:func:`bench.common.corpus`: the narrow-cone corpus, or ``--corpu
   ``index.train`` on a random subset, ``index.add_with_ids`` of all rows;
 * ``ours``  — :func:`anisotropy_spark.index_build.build_index` on ``spark.read.parquet``: a count, the driver
   sample (:func:`anisotropy_spark.index_build.draw`), training on the driver, the adds in Spark tasks (one shard
-  each) and the merge on the driver.
+  each) and the merge on the driver (``--merge-memory-mb``: on disk beyond that many MiB of shards, its
+  ``.ivfdata`` left in the work folder).
 
 Each build runs twice per factory (:func:`bench.common.time_in_rounds`: a warm-up call, then the timed one). The
 recall@10 of both indexes against exact top-10 (a flat inner-product index over the same unit vectors; the query's
@@ -93,7 +94,8 @@ def run(args: argparse.Namespace) -> dict:
             df = found.read(spark)
             total = df.count()
             sample = draw(df, "vector", "id", d, args.train_size, args.seed, total)
-            return build_index(df, "vector", "id", d, factory, str(work / "index-work"), sample, total)[0]
+            return build_index(df, "vector", "id", d, factory, str(work / "index-work"), sample, total,
+                               merge_memory_mb=args.merge_memory_mb).index
         return build
 
     ids, x = load(found.files, d)                  # the queries and exact neighbours, outside the timings
@@ -156,6 +158,8 @@ def main() -> None:
     parser.add_argument("--data", default=None, help="work folder (corpus, shards); default a new temporary one")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--driver-memory", default="6g")
+    parser.add_argument("--merge-memory-mb", type=float, default=None,
+                        help="ours merges on disk beyond this many MiB of shards (default: always in memory)")
     parser.add_argument("--record", action="store_true", help="append the run to bench/results/index.json")
     args = parser.parse_args()
     summary = run(args)

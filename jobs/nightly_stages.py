@@ -68,6 +68,7 @@ from jobs.fit_or_reuse import (
 )
 from jobs.gate import GateError, gate, gate_facts
 from jobs.index import index_stage
+from jobs.index_settings import LabelledQueries
 from jobs.nightly_config import NightlyConfig, check_against_data
 from jobs.run_records import Applied, NeighbourOverlap, OutputSums, RunRecord, ServingArtifact, read_record
 
@@ -699,11 +700,13 @@ def written_rows(ctx: NightlyContext, appended: TableFiles | None = None) -> Dat
 def build_index(ctx: NightlyContext, info: dict) -> None:
     """With an ``index:`` block, after a publish: build, verify and swap in the faiss index of the version just
     published (:func:`jobs.index.index_stage`; a refused verification leaves ``CURRENT`` on the previous index and
-    the record says why). Recorded as ``index``."""
+    the record says why). Recorded as ``index``. Without ``queries`` of its own, the index block verifies nDCG
+    with the ``evaluation:`` block's labelled queries, when it has some."""
     config, rec = ctx.config, ctx.record
     if config.index is None or rec.status != "published":
         return
-    settings = dataclasses.replace(config.index, vector_col=config.out_col, id_col=config.id_col)
+    settings = dataclasses.replace(config.index, vector_col=config.out_col, id_col=config.id_col,
+                                   queries=config.index.queries or LabelledQueries.of_evaluation(config.evaluation))
     rec.index = index_stage(ctx.spark, settings, config.output, rec.output.version, rec.applied.artifact,
                             raw_table=(config.input, ctx.table.ref.version))
     info["rows"] = rec.counts.output_rows or 0
