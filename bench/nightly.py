@@ -106,9 +106,9 @@ def main() -> None:
 
         def night(expected_mode: str):
             record, code = nightly_job.run_recorded(spark, night_config)
-            if code != 0 or record["mode"] != expected_mode:
-                raise SystemExit(f"nightly: exit {code}, mode {record['mode']} (expected {expected_mode}): "
-                                 f"{record['reason']}")
+            if code != 0 or record.mode != expected_mode:
+                raise SystemExit(f"nightly: exit {code}, mode {record.mode} (expected {expected_mode}): "
+                                 f"{record.reason}")
             return record
 
         rounds = []
@@ -123,14 +123,14 @@ def main() -> None:
                     seconds[name] = time.perf_counter() - start
                 memory[name] = peak.peaks
                 if name == "nightly":
-                    stages["nightly"] = {s["name"]: s["seconds"] for s in answer["stages"]}
+                    stages["nightly"] = {s["name"]: s["seconds"] for s in answer.stages}
             spark.createDataFrame(extra).write.format("delta").mode("append").save(source)
             with PeakMemory() as peak:
                 start = time.perf_counter()
                 answer = night("incremental")
                 seconds["incremental"] = time.perf_counter() - start
             memory["incremental"] = peak.peaks
-            stages["incremental"] = {s["name"]: s["seconds"] for s in answer["stages"]}
+            stages["incremental"] = {s["name"]: s["seconds"] for s in answer.stages}
             label = "warm-up" if number == 0 else f"round {number}"
             print(f"{label}: " + ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items()), flush=True)
             if number:
