@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import enum
 import json
 import logging
 import math
@@ -222,7 +223,10 @@ def new_record(config: NightlyConfig) -> RunRecord:
 
 
 def json_safe(value: Any) -> Any:
-    """``value`` with every NaN/Inf float (an undefined metric) replaced by None, so the record is valid JSON."""
+    """``value`` with every NaN/Inf float (an undefined metric) replaced by None, so the record is valid JSON, and
+    every enum member (a :class:`~anisotropy_core.methods.Method`) as its plain value."""
+    if isinstance(value, enum.Enum):
+        return json_safe(value.value)
     if isinstance(value, dict):
         return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
