@@ -31,7 +31,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
 from anisotropy_core import storage
-from anisotropy_core.decision import Recommendation
+from anisotropy_core.decision import ArtefactEvidence, Recommendation
 from anisotropy_spark.io import is_delta_table
 from anisotropy_spark.publish import is_delta_conflict
 from anisotropy_spark.session import session_conf
@@ -184,7 +184,7 @@ class RunRecord:
     serving_artifact: ServingArtifact | None = None
     input_metrics: dict[str, int | float] | None = None
     output_metrics: dict[str, int | float] | None = None
-    artefact: dict[str, Any] | None = None
+    artefact: ArtefactEvidence | None = None
     clusters: dict[str, Any] | None = None
     recommendation: Recommendation | None = None
     evidence: str | None = None
