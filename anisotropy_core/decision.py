@@ -185,7 +185,9 @@ class Recommendation:
     verified: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field as plain JSON types: ``method`` as its plain name (a :class:`~anisotropy_core.methods.Method`
+        is a str subclass that only prints as one)."""
+        return {**asdict(self), "method": str(self.method)}
 
 
 def whitening_k(spectrum: np.ndarray, n: int, variance: float) -> int:

@@ -142,9 +142,10 @@ class PublishTarget:
     app_id: str
 
 
-def publish(spark: SparkSession, target: PublishTarget, candidate: DataFrame, new_rows: DataFrame | None,
+def publish(spark: SparkSession, target: PublishTarget, candidate: DataFrame | None, new_rows: DataFrame | None,
             meta: dict, start_version: int | None) -> int:
-    """Commit the output once (overwrite ``candidate``, or MERGE ``new_rows`` on id); returns the new version.
+    """Commit the output once (overwrite ``candidate``, or MERGE ``new_rows`` on id: ``candidate`` is then unused and
+    may be None); returns the new version.
 
     Raises :class:`ConcurrentPublishError` when the output moved since ``start_version``, when Delta reports a
     concurrent-modification conflict, or when Delta skipped the idempotent write because a concurrent run
@@ -157,6 +158,8 @@ def publish(spark: SparkSession, target: PublishTarget, candidate: DataFrame, ne
     text = json.dumps(meta, sort_keys=True, default=str)
     try:
         if new_rows is None:
+            if candidate is None:
+                raise ValueError("publish: neither a candidate to overwrite the output with nor new rows to merge")
             (candidate.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
              .option("txnAppId", target.app_id).option("txnVersion", meta["seq"]).option("userMetadata", text)
              .save(target.path))

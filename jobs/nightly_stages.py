@@ -8,12 +8,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, DoubleType, FloatType
 
 from anisotropy_core.artifact import ArtifactError, load_artifact
 from anisotropy_core.candidates import PUBLISHED, refuse_explicit
@@ -53,7 +55,7 @@ from anisotropy_spark.table_files import TableFiles, table_files
 from anisotropy_spark.worker_errors import worker_error
 from jobs import evaluation
 from jobs.columns import VERSION_COLUMN
-from jobs.config import ConfigError
+from jobs.config import ConfigError, EvaluationConfig
 from jobs.diagnose import artefact_of_sample, sampled_columns
 from jobs.fit_or_reuse import (
     candidate_fit,
@@ -74,20 +76,57 @@ from jobs.run_records import Applied, NeighbourOverlap, OutputSums, RunRecord, S
 
 log = logging.getLogger("anisotropy.nightly")
 
+T = TypeVar("T")
+
+
+def required(value: T | None, problem: str) -> T:
+    """``value``, which the caller's path implies is set; RuntimeError(``problem``) when it is None (a stage run out
+    of order, or a state an earlier stage should have ruled out)."""
+    if value is None:
+        raise RuntimeError(problem)
+    return value
+
+
+class StageValue(Generic[T]):
+    """A value of a context's state that one ``stage`` sets and later stages read, typed as set (``T``, not
+    ``T | None``): read before that stage set it, it raises RuntimeError naming the stage."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage, self.name = stage, ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> StageValue[T]: ...
+
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> T: ...
+
+    def __get__(self, obj: object | None, owner: type | None = None) -> StageValue[T] | T:
+        if obj is None:
+            return self
+        value: Any = obj.__dict__.get(self.name)
+        return required(value, f"{type(obj).__name__}.{self.name}: the {self.stage} stage has not run")
+
+    def __set__(self, obj: object, value: T) -> None:
+        obj.__dict__[self.name] = value
+
 
 @dataclasses.dataclass
 class TableState:
     """What the read and validate stages found: the input pinned (``ref``) and its DataFrame (``input_df``), the
     ``output_state`` of the output table when the run read it, the validation's result (``checked``), its ``valid``
     rows and their ``moments``, the pinned version's data ``files`` (None: pyarrow cannot read them) and the
-    ``overlap_rows`` the neighbour-overlap check queries with (their ids, an Arrow array, and raw vectors (m, d))."""
+    ``overlap_rows`` the neighbour-overlap check queries with (their ids, an Arrow array, and raw vectors (m, d)).
+    The read and validate stages' values are :class:`StageValue`: a stage that reads one before it is set raises."""
 
-    ref: TableRef | None = None
-    input_df: DataFrame | None = None
-    output_state: OutputState | None = None
-    checked: ValidatedInput | None = None
-    valid: DataFrame | None = None
-    moments: Moments | None = None
+    ref = StageValue[TableRef]("read")
+    input_df = StageValue[DataFrame]("read")
+    output_state = StageValue[OutputState]("read")
+    checked = StageValue[ValidatedInput]("validate")
+    valid = StageValue[DataFrame]("validate")
+    moments = StageValue[Moments]("validate")
     files: TableFiles | None = None
     overlap_rows: tuple[pa.Array, np.ndarray] | None = None
 
@@ -97,14 +136,14 @@ class Findings:
     """What the diagnose, decide and evaluate stages know: the ``report`` of the valid rows' moments, the
     ``artefact`` test and the mixture check's ``clusters`` (with the ``sample_centroids`` of its k-means) of the
     sample, the full ``cluster_recenter`` candidate fitted from them, the ``recommendation`` and the held-out
-    ``evaluation`` record (None: no evaluation chose)."""
+    ``evaluation`` record (None: no evaluation chose). ``report`` and ``recommendation`` are :class:`StageValue`."""
 
-    report: Diagnosis | None = None
+    report = StageValue[Diagnosis]("diagnose")
     artefact: ArtefactEvidence | None = None
     clusters: MixtureEvidence | None = None
     sample_centroids: np.ndarray | None = None
     cluster_recenter: ClusterRecenter | None = None
-    recommendation: Recommendation | None = None
+    recommendation = StageValue[Recommendation]("decide")
     evaluation: dict | None = None
 
 
@@ -167,7 +206,18 @@ class NightlyContext:
     @property
     def previous(self) -> dict | None:
         """The publish metadata of the output's current state (None: nothing published yet)."""
-        return self.table.output_state.meta if self.table.output_state else None
+        return self.table.output_state.meta
+
+    @property
+    def last_publish(self) -> dict:
+        """:attr:`previous` where the caller's path implies a publish (a reuse, an incremental night, the evaluation
+        keeping the published transform)."""
+        return required(self.previous, "the output has no previous publish")
+
+    @property
+    def applied(self) -> Applied:
+        """What the fit stage applied (the record's ``applied``)."""
+        return required(self.record.applied, "the fit stage has not run")
 
 
 def read(ctx: NightlyContext, info: dict) -> None:
@@ -235,7 +285,7 @@ def validate_input(ctx: NightlyContext, info: dict) -> None:
         as_vector_array(table.input_df, config.vector_col), config.vector_col, config.id_col, config.dimension,
         config.on_invalid, config.quarantine_path, run_id=ctx.record.run_id, input_version=table.ref.version,
         with_moments=True, files=files, max_norm_ratio=config.max_norm_ratio, sample=drawn)
-    table.valid, table.moments = checked.valid, checked.moments
+    table.valid, table.moments = checked.valid, required(checked.moments, "validate: the moments pass gave none")
     info["rows"], info["reader"] = table.moments.n + checked.invalid_count, checked.reader if files else planned
     ctx.record.counts.update(invalid_rows=checked.invalid_count, invalid_by_reason=checked.invalid_by_reason)
 
@@ -279,13 +329,13 @@ def diagnose(ctx: NightlyContext, info: dict) -> None:
                         **{key: findings.clusters[key] for key in ("locally_isotropic", "clusters", "mixture_null")}}
 
 
-def fit_cluster_candidate(ctx: NightlyContext) -> None:
-    """When the decision recommends cluster recentering on the sample's clusters: the full fit, ONE pass over the
-    valid rows for the per-cluster moments of the sample's centroids (no k-means over the table); it is the
-    cluster_recenter evaluation candidate and, applied label-free, the transform published (``method: auto`` only).
+def fit_cluster_candidate(ctx: NightlyContext, centroids: np.ndarray) -> None:
+    """When the decision recommends cluster recentering on the sample's clusters (their ``centroids``): the full
+    fit, ONE pass over the valid rows for the per-cluster moments of those centroids (no k-means over the table); it
+    is the cluster_recenter evaluation candidate and, applied label-free, the transform published (``method: auto``
+    only).
     A sample cluster that no row of the table falls in leaves no candidate, recorded in ``clusters.candidate``."""
     config, findings = ctx.config, ctx.findings
-    centroids = findings.sample_centroids
     states = cluster_moments_pass(as_vector_array(ctx.table.valid.select(config.vector_col), config.vector_col),
                                   config.vector_col, findings.report.d, centroids, config.cluster_distance_measure)
     try:
@@ -293,7 +343,7 @@ def fit_cluster_candidate(ctx: NightlyContext) -> None:
                                                                  config.cluster_distance_measure,
                                                                  {"kmeans": "faiss, on the mixture check's sample"})
     except ValueError as exc:                  # a sample cluster no row of the table falls in: no candidate
-        ctx.record.clusters["candidate"] = f"not fitted: {exc}"
+        required(ctx.record.clusters, "the mixture check has not run")["candidate"] = f"not fitted: {exc}"
         return
     if ctx.fit.method == Method.CLUSTER_RECENTER and config.method == "auto":
         ctx.fit.chosen_transform = findings.cluster_recenter
@@ -314,7 +364,7 @@ def decide(ctx: NightlyContext, info: dict) -> None:
     check_against_data(config, findings.report.n, findings.report.d, ctx.fit.method)
     if recommendation.method == Method.CLUSTER_RECENTER and findings.sample_centroids is not None \
             and config.method == "auto":
-        fit_cluster_candidate(ctx)
+        fit_cluster_candidate(ctx, findings.sample_centroids)
 
 
 def evaluate(ctx: NightlyContext, info: dict) -> None:
@@ -325,17 +375,19 @@ def evaluate(ctx: NightlyContext, info: dict) -> None:
     published — when that leaves the output as it is (same input version), the run stops here with status
     ``kept``. An explicit method is judged in the gate (:func:`quality_gate`)."""
     config, rec, findings, state = ctx.config, ctx.record, ctx.findings, ctx.fit
-    rec.evidence = "labelled" if labelled(config) else "label_free"
-    if not labelled(config) or config.method != "auto":
+    settings = active_evaluation(config)
+    rec.evidence = "labelled" if settings is not None else "label_free"
+    if settings is None or config.method != "auto":
         return
     previous, d = ctx.previous, findings.report.d
     serving = rec.serving_artifact
-    published = previous is not None and (serving is None or serving.verified)     # a corrupt one is no baseline
-    published_transform = load_artifact(previous["artifact"], expected_dimension=d).transform \
-        if published and previous.get("artifact") else None
+    baseline = previous if serving is None or serving.verified else None     # a corrupt one is no baseline
+    published = baseline is not None
+    published_transform = load_artifact(baseline["artifact"], expected_dimension=d).transform \
+        if baseline is not None and baseline.get("artifact") else None
     record, fitted, grid = evaluation.run_evaluation(
         ctx.spark, ctx.table.valid, config.vector_col, config.id_col, d, ctx.table.moments, findings.recommendation,
-        config.evaluation, config.decision, findings.cluster_recenter, published, published_transform,
+        settings, config.decision, findings.cluster_recenter, published, published_transform,
         overlap_sample(config), config.min_neighbour_overlap)
     findings.evaluation = rec.evaluation = record
     info["rows"] = record["queries"] or record["pairs"] or 0
@@ -346,6 +398,7 @@ def evaluate(ctx: NightlyContext, info: dict) -> None:
     for warning in record["warnings"]:
         log.warning("evaluation: %s", warning)
     if state.chosen == PUBLISHED:
+        previous = ctx.last_publish
         state.method = previous.get("method") or Method.NONE
         state.chosen_params = load_artifact(previous["artifact"]).manifest["params"] if previous.get("artifact") \
             else {}
@@ -369,7 +422,12 @@ def sample_columns(config: NightlyConfig) -> list[str]:
 
 def labelled(config: NightlyConfig) -> bool:
     """Whether the night has labelled evidence: an ``evaluation:`` block with queries or pairs."""
-    return config.evaluation is not None and config.evaluation.active
+    return active_evaluation(config) is not None
+
+
+def active_evaluation(config: NightlyConfig) -> EvaluationConfig | None:
+    """The ``evaluation:`` block when the night has labelled evidence (:func:`labelled`), else None."""
+    return config.evaluation if config.evaluation is not None and config.evaluation.active else None
 
 
 def overlap_sample(config: NightlyConfig) -> evaluation.OverlapSample:
@@ -384,21 +442,23 @@ def fit(ctx: NightlyContext, info: dict) -> None:
     evaluation keeps the published transform, its artifact is applied as it is."""
     config, table, state = ctx.config, ctx.table, ctx.fit
     method, recommendation, report = state.method, ctx.findings.recommendation, ctx.findings.report
-    params = state.chosen_params if state.chosen is not None else fit_params(config, method, recommendation)
+    metrics = required(ctx.record.input_metrics, "the diagnose stage has not run")
+    params = required(state.chosen_params, "the evaluate stage chose no parameters") if state.chosen is not None \
+        else fit_params(config, method, recommendation)
     artifact_path, why = None, "method none: vectors published unchanged"
     if state.chosen == PUBLISHED and method != Method.NONE:
-        artifact_path = ctx.previous["artifact"]
+        artifact_path = ctx.last_publish["artifact"]
         state.model = model_from(load_artifact(artifact_path), config)
         why = "the evaluation keeps the published transform"
     elif method != Method.NONE:
-        reused, why = reusable(config, ctx.previous, method, params, report.d, ctx.record.input_metrics)
+        reused, why = reusable(config, ctx.previous, method, params, report.d, metrics)
         if reused is not None:
-            state.model, artifact_path = model_from(reused, config), ctx.previous["artifact"]
+            state.model, artifact_path = model_from(reused, config), ctx.last_publish["artifact"]
         else:
             state.model = model_of(state.chosen_transform, report.n, config, table.ref) \
                 if state.chosen_transform is not None \
                 else fit_model(config, method, params, table.valid, table.ref, table.moments)
-            artifact_path = save_fit(config, state.model, method, params, ctx.record.input_metrics)
+            artifact_path = save_fit(config, state.model, method, params, metrics)
             state.refitted = True
     state.transform_version = state.model.transform_version if state.model is not None else "none"
     state.d_out = state.model.transform_.d_out if state.model is not None else report.d
@@ -423,9 +483,10 @@ def full_rebuild_reason(ctx: NightlyContext) -> str | None:
             (ctx.fit.transform_version, config.input, ctx.record.config_hash):
         return "transform, input path or config changed since the last publish"
     before = previous.get("input_version")
-    if not isinstance(before, int) or before >= table.ref.version:
-        return f"input version {table.ref.version} does not follow the published input version {before}"
-    if not only_appends(ctx.spark, config.input, before, table.ref.version):
+    pinned = required(table.ref.version, "read: the input has no Delta version")
+    if not isinstance(before, int) or before >= pinned:
+        return f"input version {pinned} does not follow the published input version {before}"
+    if not only_appends(ctx.spark, config.input, before, pinned):
         return f"input commits after version {before} are not all appends (delete, update or overwrite)"
     old_schema = read_table(ctx.spark, config.input, before)[0].schema
     if old_schema != table.input_df.schema:
@@ -467,7 +528,7 @@ def apply(ctx: NightlyContext, info: dict) -> None:
     if rec.mode == "incremental" and summed_incremental(ctx):
         out.new_rows = written_rows(ctx, out.appended)
     elif rec.mode == "incremental":
-        old_ids = read_table(spark, config.input, ctx.previous["input_version"])[0].select(config.id_col)
+        old_ids = read_table(spark, config.input, ctx.last_publish["input_version"])[0].select(config.id_col)
         new_valid = table.valid.join(old_ids, config.id_col, "left_anti")
         out.new_rows = transformed(ctx, new_valid).persist(StorageLevel.MEMORY_AND_DISK)
         ctx.cleanup.callback(out.new_rows.unpersist)
@@ -482,21 +543,21 @@ def summed_incremental(ctx: NightlyContext) -> bool:
     """Whether this incremental night can gate on sums: the last publish's record holds its :class:`OutputSums`,
     the correction is affine (its output moments follow from the input's), and pyarrow can read the input's
     data files; then sets the output's ``appended`` files and ``previous`` record."""
-    model, out = ctx.fit.model, ctx.output
-    if ctx.table.files is None or model is None or model.transform_.linear_map() is None:
+    files, model, out = ctx.table.files, ctx.fit.model, ctx.output
+    if files is None or model is None or model.transform_.linear_map() is None:
         return False
-    previous = read_record(ctx.config, ctx.previous["run_id"])
+    previous = read_record(ctx.config, ctx.last_publish["run_id"])
     if previous is None or previous.output_sums is None:
         return False
-    out.previous, out.appended = previous, appended_files(ctx)
+    out.previous, out.appended = previous, appended_files(ctx, files)
     return True
 
 
-def appended_files(ctx: NightlyContext) -> TableFiles:
-    """The data files the pinned input gained since the input version of the last publish (every commit since an
-    append: :func:`full_rebuild_reason`), with their row count."""
-    config, files = ctx.config, ctx.table.files
-    before, _ = read_table(ctx.spark, config.input, ctx.previous["input_version"])
+def appended_files(ctx: NightlyContext, files: TableFiles) -> TableFiles:
+    """The data ``files`` of the pinned input that it gained since the input version of the last publish (every
+    commit since an append: :func:`full_rebuild_reason`), with their row count."""
+    config = ctx.config
+    before, _ = read_table(ctx.spark, config.input, ctx.last_publish["input_version"])
     known = set(before.inputFiles())
     return dataclasses.replace(files, uris=tuple(uri for uri in files.uris if uri not in known),
                                rows=files.rows - before.count())
@@ -516,7 +577,7 @@ def diagnose_output(ctx: NightlyContext, info: dict) -> None:
         if out.new_rows is None or out.appended is not None:
             output_pass(ctx, info)
         else:
-            out.metrics = diagnose_dataframe(out.candidate, ctx.config.out_col, ctx.fit.d_out).scalars()
+            out.metrics = diagnose_dataframe(would_be_table(out), ctx.config.out_col, ctx.fit.d_out).scalars()
     except Exception as exc:  # noqa: BLE001 — a worker's error arrives wrapped by Spark; only typed ones are handled
         found = worker_error(exc) or exc
         if isinstance(found, TransformRowError):
@@ -525,6 +586,12 @@ def diagnose_output(ctx: NightlyContext, info: dict) -> None:
             raise
         out.error = str(found).splitlines()[0]
     ctx.record.output_metrics = out.metrics
+
+
+def would_be_table(out: WouldBeOutput) -> DataFrame:
+    """The ``candidate`` of an incremental night not summed from the last publish: the current output and the new
+    rows, the would-be table that :func:`diagnose_output` and the gate read."""
+    return required(out.candidate, "the apply stage planned no would-be table")
 
 
 def output_pass(ctx: NightlyContext, info: dict) -> None:
@@ -538,19 +605,20 @@ def output_pass(ctx: NightlyContext, info: dict) -> None:
     source = table.input_df if out.appended is None else \
         ctx.spark.read.schema(table.input_df.schema).parquet(*out.appended.uris)
     vectors = as_vector_array(source, config.vector_col)
-    element = output_element_type(config.output_dtype, vectors.schema[config.vector_col].dataType.elementType)
+    element = output_element_type(config.output_dtype, vector_element_type(vectors, config.vector_col))
     duplicates = table.checked.duplicates
-    overlap = None
+    overlap, query_ids = None, None
     if table.overlap_rows is not None and transform is not None and out.appended is None:
-        overlap = OverlapQueries.of(table.overlap_rows[1], transform, config.neighbour_k)
+        query_ids, raw_queries = table.overlap_rows
+        overlap = OverlapQueries.of(raw_queries, transform, config.neighbour_k)
     spec = OutputPass(config.vector_col, config.id_col, table.checked.dimension, transform, numpy_dtype(element),
                       table.checked.max_norm,
                       duplicates.ids.toArrow().column(0).combine_chunks() if duplicates and duplicates.tally.total
-                      else None, overlap, table.overlap_rows[0] if overlap is not None else None)
+                      else None, overlap, query_ids)
     facts, out.reader = output_facts(vectors, files, spec)
     info["reader"] = out.reader
     if out.previous is not None:                   # an incremental night: the last publish's rows and these
-        sums = out.previous.output_sums
+        sums = required(out.previous.output_sums, "the last publish's record holds no output sums")
         facts = facts.merge(OutputFacts(sums.rows, np.asarray(sums.sum_unit), sums.sum_norm))
         ctx.record.counts.rows_written = facts.rows - sums.rows
     out.rows = info["rows"] = facts.rows
@@ -558,8 +626,18 @@ def output_pass(ctx: NightlyContext, info: dict) -> None:
     moments = facts.output_moments(table.moments, transform) if transform is not None else table.moments
     out.metrics = diagnose_moments(moments).scalars()
     if overlap is not None:
-        out.neighbour_overlap = float(neighbour_overlap(facts.raw_top[1], facts.corrected_top[1]).mean())
+        raw_top = required(facts.raw_top, "the output pass gathered no top-k lists")
+        corrected_top = required(facts.corrected_top, "the output pass gathered no top-k lists")
+        out.neighbour_overlap = float(neighbour_overlap(raw_top[1], corrected_top[1]).mean())
         out.overlap_queries = overlap.size
+
+
+def vector_element_type(vectors: DataFrame, vector_col: str) -> FloatType | DoubleType:
+    """The element type of ``vector_col`` of a frame :func:`~anisotropy_spark.io.as_vector_array` returned."""
+    kind = vectors.schema[vector_col].dataType
+    if not (isinstance(kind, ArrayType) and isinstance(kind.elementType, (FloatType, DoubleType))):
+        raise RuntimeError(f"{vector_col} is no vector array column: {kind.simpleString()}")
+    return kind.elementType
 
 
 def gate_output(ctx: NightlyContext, info: dict) -> None:
@@ -573,43 +651,44 @@ def gate_output(ctx: NightlyContext, info: dict) -> None:
         if out.new_rows is None or out.appended is not None:
             counts = gate_facts(out.rows, ctx.table.moments.n, ctx.config, ctx.fit.d_out, out.metrics, out.error)
         else:
-            counts = gate(out.candidate, ctx.table.valid, ctx.config, ctx.fit.d_out, out.metrics, out.error)
+            counts = gate(would_be_table(out), ctx.table.valid, ctx.config, ctx.fit.d_out, out.metrics, out.error)
         rec.counts.update(**counts)
         info["rows"] = rec.counts.output_rows
         if rec.mode == "full":
             rec.counts.rows_written = info["rows"]
     except GateError as exc:
         problems += exc.problems
-    if labelled(ctx.config) and ctx.fit.chosen is None and ctx.fit.method != Method.NONE:
-        problems += quality_gate(ctx)
+    settings = active_evaluation(ctx.config)
+    if settings is not None and ctx.fit.chosen is None and ctx.fit.method != Method.NONE:
+        problems += quality_gate(ctx, settings)
     problems += neighbour_gate(ctx)
     if problems:
         raise GateError(problems)
     if rec.evidence == "label_free":
-        overlap = rec.neighbour_overlap
+        overlap = required(rec.neighbour_overlap, "the neighbour gate recorded no overlap")
         unverified = (f"unverified: {ctx.fit.method} applied without labelled evidence (no evaluation queries or "
                       f"pairs: the recommendation alone); neighbour overlap {overlap.mean:.3f} >= "
                       f"min_neighbour_overlap {overlap.min:g}")
         earlier = rec.reason            # e.g. why a night that looked like a no-op was not one
         rec.reason = f"{earlier}; {unverified}" if earlier else unverified
     elif ctx.findings.evaluation is not None:
-        rec.evaluation["gate"] = {"candidate": ctx.fit.chosen, "passes": True,
-                                  "reason": rec.evaluation["decision"]["reason"]}
+        evaluated = required(rec.evaluation, "the evaluate stage recorded no evaluation")
+        evaluated["gate"] = {"candidate": ctx.fit.chosen, "passes": True, "reason": evaluated["decision"]["reason"]}
 
 
-def quality_gate(ctx: NightlyContext) -> list[str]:
+def quality_gate(ctx: NightlyContext, settings: EvaluationConfig) -> list[str]:
     """An explicitly configured method against raw: the applied model (as fitted on every row) and raw scored on
-    every query / pair in one pass, with the paired bootstrap (:func:`jobs.evaluation.score_applied`; the same
-    pass gives the neighbour overlap); refused when an interval of Δ vs raw lies below −``max_quality_drop``
-    (:func:`anisotropy_core.candidates.refuse_explicit`). Records ``evaluation`` with its ``gate``; returns the
-    problem (empty when it passes)."""
+    every query / pair of the ``evaluation:`` block (``settings``) in one pass, with the paired bootstrap
+    (:func:`jobs.evaluation.score_applied`; the same pass gives the neighbour overlap); refused when an interval of
+    Δ vs raw lies below −``max_quality_drop`` (:func:`anisotropy_core.candidates.refuse_explicit`). Records
+    ``evaluation`` with its ``gate``; returns the problem (empty when it passes)."""
     config = ctx.config
+    model = required(ctx.fit.model, f"method {ctx.fit.method}: the fit stage fitted no model")
     scored = evaluation.score_applied(ctx.spark, ctx.table.valid, config.vector_col, config.id_col,
-                                      ctx.findings.report.d, ctx.fit.model.transform_, config.evaluation,
-                                      overlap_sample(config))
+                                      ctx.findings.report.d, model.transform_, settings, overlap_sample(config))
     ctx.output.neighbour_overlap = scored["neighbour_overlap"]
-    passes, reason = refuse_explicit(scored["intervals"]["applied"], config.evaluation.max_quality_drop)
-    ctx.record.evaluation = {"evidence": "labelled", "metric": config.evaluation.selection_metric(), **scored,
+    passes, reason = refuse_explicit(scored["intervals"]["applied"], settings.max_quality_drop)
+    ctx.record.evaluation = {"evidence": "labelled", "metric": settings.selection_metric(), **scored,
                              "gate": {"candidate": "applied", "passes": passes, "reason": reason}}
     return [] if passes else [reason]
 
@@ -620,12 +699,12 @@ def neighbour_gate(ctx: NightlyContext) -> list[str]:
     summed incremental night (the same transform, only appended rows: ``carried_from`` names the run that measured
     it), else one pass now; recorded as ``neighbour_overlap`` and refused
     below ``min_neighbour_overlap``. Returns the problem (empty when it passes)."""
-    config, out = ctx.config, ctx.output
-    carried = out.previous.neighbour_overlap if out.previous is not None else None
-    if out.neighbour_overlap is None and carried is not None:
+    config, out, previous = ctx.config, ctx.output, ctx.output.previous
+    carried = previous.neighbour_overlap if previous is not None else None
+    if out.neighbour_overlap is None and previous is not None and carried is not None:
         ctx.record.neighbour_overlap = dataclasses.replace(carried, min=config.min_neighbour_overlap,
                                                            passes=carried.mean >= config.min_neighbour_overlap,
-                                                           carried_from=carried.carried_from or out.previous.run_id)
+                                                           carried_from=carried.carried_from or previous.run_id)
         out.neighbour_overlap = carried.mean
         return [] if ctx.record.neighbour_overlap.passes else [overlap_problem(config, carried.mean)]
     if out.neighbour_overlap is None:
@@ -650,10 +729,13 @@ def reject_fit(ctx: NightlyContext, reason: str) -> None:
     """After the gate refused the output: mark the fit this run saved ``rejected`` in its fit report
     (:func:`jobs.fit_or_reuse.mark_rejected`; kept, never reused), unless it is the artifact the output is served
     with (a refit of the same numbers). Records ``applied.rejected``."""
-    applied = ctx.record.applied
-    if not ctx.fit.refitted or applied.artifact == (ctx.previous or {}).get("artifact"):
+    if not ctx.fit.refitted:
         return
-    mark_rejected(applied.artifact, ctx.record.run_id, reason)
+    applied = ctx.applied
+    artifact = required(applied.artifact, "the fit stage saved no artifact of its refit")
+    if artifact == (ctx.previous or {}).get("artifact"):
+        return
+    mark_rejected(artifact, ctx.record.run_id, reason)
     applied.rejected = True
 
 
@@ -663,13 +745,14 @@ def publish_output(ctx: NightlyContext, info: dict) -> None:
     ``counts.output_files``)."""
     config, rec, out, current = ctx.config, ctx.record, ctx.output, ctx.table.output_state
     meta = {"run_id": rec.run_id, "input_path": config.input, "input_version": ctx.table.ref.version,
-            "transform_version": ctx.fit.transform_version, "artifact": rec.applied.artifact, "method": ctx.fit.method,
+            "transform_version": ctx.fit.transform_version, "artifact": ctx.applied.artifact, "method": ctx.fit.method,
             "config_hash": rec.config_hash, "seq": current.next_seq, "mode": rec.mode}
     target = PublishTarget(config.output, config.id_col, config.app_id)
     candidate = out.candidate
     if out.new_rows is None:
-        candidate = written_rows(ctx).coalesce(out.files)
-        rec.counts.output_files = out.files
+        files = required(out.files, "the apply stage counted no output files")
+        candidate = written_rows(ctx).coalesce(files)
+        rec.counts.output_files = files
     rec.output.version = publish(ctx.spark, target, candidate, out.new_rows, meta, current.version)
     rec.status = "published"
 
@@ -707,7 +790,7 @@ def build_index(ctx: NightlyContext, info: dict) -> None:
         return
     settings = dataclasses.replace(config.index, vector_col=config.out_col, id_col=config.id_col,
                                    queries=config.index.queries or LabelledQueries.of_evaluation(config.evaluation))
-    rec.index = index_stage(ctx.spark, settings, config.output, rec.output.version, rec.applied.artifact,
+    rec.index = index_stage(ctx.spark, settings, config.output, rec.output.version, ctx.applied.artifact,
                             raw_table=(config.input, ctx.table.ref.version))
     info["rows"] = rec.counts.output_rows or 0
     (log.info if rec.index["status"] == "published" else log.warning)("index: %s", rec.index.get("reason", ""))

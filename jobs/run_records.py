@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import enum
 import json
 import logging
 import math
@@ -30,7 +31,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
 from anisotropy_core import storage
-from anisotropy_core.decision import Recommendation
+from anisotropy_core.decision import ArtefactEvidence, Recommendation
 from anisotropy_spark.io import is_delta_table
 from anisotropy_spark.publish import is_delta_conflict
 from anisotropy_spark.session import session_conf
@@ -183,7 +184,7 @@ class RunRecord:
     serving_artifact: ServingArtifact | None = None
     input_metrics: dict[str, int | float] | None = None
     output_metrics: dict[str, int | float] | None = None
-    artefact: dict[str, Any] | None = None
+    artefact: ArtefactEvidence | None = None
     clusters: dict[str, Any] | None = None
     recommendation: Recommendation | None = None
     evidence: str | None = None
@@ -222,7 +223,10 @@ def new_record(config: NightlyConfig) -> RunRecord:
 
 
 def json_safe(value: Any) -> Any:
-    """``value`` with every NaN/Inf float (an undefined metric) replaced by None, so the record is valid JSON."""
+    """``value`` with every NaN/Inf float (an undefined metric) replaced by None, so the record is valid JSON, and
+    every enum member (a :class:`~anisotropy_core.methods.Method`) as its plain value."""
+    if isinstance(value, enum.Enum):
+        return json_safe(value.value)
     if isinstance(value, dict):
         return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
