@@ -28,6 +28,7 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check anisotropy_core anisotropy_spark jobs bench tests tools
+	$(VENV)/bin/ruff format --check anisotropy_core anisotropy_spark jobs bench tests tools
 	$(VENV)/bin/mypy
 
 # optional, needs torch (a multi-GB download): reference IsoScores for the tests, and the demo corpus

@@ -10,6 +10,7 @@ libraries are imported by the modules that need them:
 
 A serving process that loads an artifact (:func:`.artifact.load_artifact`) therefore needs numpy and pyarrow.
 """
+
 from .diagnostics import Diagnosis, artefact_test, diagnose
 from .moments import InvalidVectorsError, Moments
 

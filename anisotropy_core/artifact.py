@@ -20,6 +20,7 @@ Query side (a serving process with no Spark)::
     transform = load_artifact("/models/abtt-v1").transform
     z = transform.apply(query_vectors)          # (m, d_in) → (m, d_out), identical to the batch job
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -60,8 +61,10 @@ class Artifact:
         """The :class:`ArtifactError` of input vectors of dimension ``d``, None when they fit this transform."""
         if d == self.transform.d_in:
             return None
-        return ArtifactError(f"input vectors have dimension {d} but transform {self.transform_version} was fitted "
-                             f"on dimension {self.transform.d_in}")
+        return ArtifactError(
+            f"input vectors have dimension {d} but transform {self.transform_version} was fitted "
+            f"on dimension {self.transform.d_in}"
+        )
 
     def check_dimension(self, d: int) -> None:
         """Raise :class:`ArtifactError` unless input vectors of dimension ``d`` fit this transform."""
@@ -73,8 +76,14 @@ class Artifact:
 def content_hash(transform: FittedTransform, n: int, fitted_on: dict | None) -> str:
     """sha256 over the canonical description and array bytes of a fitted transform."""
     digest = hashlib.sha256()
-    head = {"method": transform.method, "params": transform.params(), "d_in": transform.d_in,
-            "d_out": transform.d_out, "n": int(n), "fitted_on": fitted_on}
+    head = {
+        "method": transform.method,
+        "params": transform.params(),
+        "d_in": transform.d_in,
+        "d_out": transform.d_out,
+        "n": int(n),
+        "fitted_on": fitted_on,
+    }
     digest.update(json.dumps(head, sort_keys=True).encode())
     for name, array in sorted(transform.arrays().items()):
         array = np.ascontiguousarray(array, dtype=np.float64)
@@ -87,9 +96,13 @@ def build_manifest(transform: FittedTransform, n: int, fitted_on: dict | None = 
     """The manifest for ``transform`` fitted on ``n`` vectors of the table ``fitted_on``."""
     sha = content_hash(transform, n, fitted_on)
     return {
-        "format": FORMAT, "format_version": FORMAT_VERSION,
-        "method": transform.method, "params": transform.params(),
-        "d_in": transform.d_in, "d_out": transform.d_out, "n": int(n),
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "method": transform.method,
+        "params": transform.params(),
+        "d_in": transform.d_in,
+        "d_out": transform.d_out,
+        "n": int(n),
         "arrays": {k: {"shape": list(np.shape(v)), "dtype": "float64"} for k, v in transform.arrays().items()},
         "fitted_on": fitted_on,
         "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -127,8 +140,11 @@ def load_artifact(path: str, expected_dimension: int | None = None) -> Artifact:
         manifest = json.loads(storage.read_text(manifest_path))
     except (OSError, ValueError) as exc:
         raise ArtifactError(f"{manifest_path}: unreadable manifest ({type(exc).__name__}: {exc})") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT \
-            or manifest.get("format_version") != FORMAT_VERSION:
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("format") != FORMAT
+        or manifest.get("format_version") != FORMAT_VERSION
+    ):
         raise ArtifactError(f"{path}: not a {FORMAT} v{FORMAT_VERSION} artifact")
     arrays_path = storage.join(path, ARRAYS)
     try:
@@ -146,15 +162,18 @@ def load_artifact(path: str, expected_dimension: int | None = None) -> Artifact:
     except (KeyError, TypeError) as exc:
         raise ArtifactError(f"{path}: incomplete manifest or arrays (missing {exc})") from exc
     if sha != manifest.get("content_sha256"):
-        raise ArtifactError(f"{path}: content hash mismatch (artifact modified or corrupt); "
-                            f"manifest says {manifest.get('content_sha256')}, content is {sha}")
+        raise ArtifactError(
+            f"{path}: content hash mismatch (artifact modified or corrupt); "
+            f"manifest says {manifest.get('content_sha256')}, content is {sha}"
+        )
     if manifest.get("transform_version") != f"{transform.method}-{sha[:12]}":
-        raise ArtifactError(f"{path}: transform_version {manifest.get('transform_version')!r} does not match the "
-                            f"content (expected {transform.method}-{sha[:12]}; the manifest was edited)")
+        raise ArtifactError(
+            f"{path}: transform_version {manifest.get('transform_version')!r} does not match the "
+            f"content (expected {transform.method}-{sha[:12]}; the manifest was edited)"
+        )
     if (transform.d_in, transform.d_out) != (manifest.get("d_in"), manifest.get("d_out")):
         raise ArtifactError(f"{path}: transform dimensions do not match the manifest")
     artifact = Artifact(transform, manifest)
     if expected_dimension is not None:
         artifact.check_dimension(expected_dimension)
     return artifact
-

@@ -8,6 +8,7 @@
   (:func:`spearman_draws`). :func:`interval` turns the draws of a difference into ``{"mean", "low", "high"}``:
   the observed difference and the percentile interval.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -18,7 +19,7 @@ import numpy as np
 DEFAULT_RESAMPLES = 2000
 DEFAULT_CONFIDENCE = 0.95
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-Ids = Union[Sequence[Any], np.ndarray]     # (m,) query or pair ids: a list, or an array of any dtype
+Ids = Union[Sequence[Any], np.ndarray]  # (m,) query or pair ids: a list, or an array of any dtype
 
 
 def id_hash(ids: Ids, salt: int = 0) -> np.ndarray:
@@ -71,7 +72,7 @@ def rank_rows(x: np.ndarray) -> np.ndarray:
     group = np.cumsum(starts, axis=1) - 1 + (np.arange(b) * p)[:, None]
     position = np.broadcast_to(np.arange(1, p + 1, dtype=np.float64), (b, p))
     sums, counts = np.bincount(group.ravel(), weights=position.ravel()), np.bincount(group.ravel())
-    average = np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0)   # (unused ids between rows: 0)
+    average = np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0)  # (unused ids between rows: 0)
     ranks = np.empty((b, p))
     np.put_along_axis(ranks, order, average[group], axis=1)
     return ranks

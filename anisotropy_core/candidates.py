@@ -26,6 +26,7 @@ upper bound of its Δ against raw on some metric lies below −``max_quality_dro
 
 Every metric is higher = better.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -33,8 +34,17 @@ from typing import Iterable, Mapping, Sequence, TypedDict
 
 import numpy as np
 
-from .bootstrap import (DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, Ids, interval, mean_draws, resample_indices,
-                        selection_half, spearman_draws, spearman_rows)
+from .bootstrap import (
+    DEFAULT_CONFIDENCE,
+    DEFAULT_RESAMPLES,
+    Ids,
+    interval,
+    mean_draws,
+    resample_indices,
+    selection_half,
+    spearman_draws,
+    spearman_rows,
+)
 from .decision import whitening_k
 from .diagnostics import centred_spectrum
 from .methods import Method
@@ -42,7 +52,7 @@ from .moments import Moments
 from .transforms import FittedTransform, choose_directions, fit_abtt, fit_center, fit_whitening
 
 RAW, PUBLISHED = Method.NONE, "published"
-ABTT_WHITENING = "abtt+whitening"   # the family of ABTT then whitening-k of the rest (a whitening fit)
+ABTT_WHITENING = "abtt+whitening"  # the family of ABTT then whitening-k of the rest (a whitening fit)
 
 
 @dataclass(frozen=True)
@@ -71,9 +81,15 @@ def _abtt_name(directions: Sequence[int]) -> str:
     return f"D={len(directions)}" if top else "[" + ", ".join(str(j) for j in directions) + "]"
 
 
-def candidate_grid(state: Moments, artefact: Iterable[int] = (), extra_D: Iterable[int] = (),
-                   extra_k: Iterable[int] = (), whitening_variance: float = 0.95, min_n: int | None = None,
-                   cluster_recenter: bool = False) -> list[Candidate]:
+def candidate_grid(
+    state: Moments,
+    artefact: Iterable[int] = (),
+    extra_D: Iterable[int] = (),
+    extra_k: Iterable[int] = (),
+    whitening_variance: float = 0.95,
+    min_n: int | None = None,
+    cluster_recenter: bool = False,
+) -> list[Candidate]:
     """The grid of the module docstring for ``state`` (d dimensions, n rows).
 
     ``artefact``: directions the artefact test flagged; ``extra_D``: further ABTT entries (an int D = the top D,
@@ -102,11 +118,14 @@ def candidate_grid(state: Moments, artefact: Iterable[int] = (), extra_D: Iterab
     mp, _ = choose_directions(lam, n, d, "marchenko_pastur")
     add(mp, "marchenko_pastur")
     grid = [Candidate(RAW, Method.NONE), Candidate(Method.CENTER, Method.CENTER)]
-    grid += [Candidate(f"abtt {_abtt_name(key)}", Method.ABTT, key, None, tuple(origin))
-             for key, origin in sorted(abtt.items(), key=lambda item: (len(item[0]), item[0]))]
+    grid += [
+        Candidate(f"abtt {_abtt_name(key)}", Method.ABTT, key, None, tuple(origin))
+        for key, origin in sorted(abtt.items(), key=lambda item: (len(item[0]), item[0]))
+    ]
     ks: dict[int, list[str]] = {}
-    for k, origin in [(whitening_k(lam, rows, whitening_variance), "variance"), (d // 4, "d/4"), (d // 2, "d/2")] + \
-            [(k, "recommendation") for k in _as_list(list(extra_k))]:
+    for k, origin in [(whitening_k(lam, rows, whitening_variance), "variance"), (d // 4, "d/4"), (d // 2, "d/2")] + [
+        (k, "recommendation") for k in _as_list(list(extra_k))
+    ]:
         if limit_k >= 1:
             ks.setdefault(max(1, min(int(k), limit_k)), []).append(origin)
     grid += [Candidate(f"whitening k={k}", Method.WHITENING, (), k, tuple(origin)) for k, origin in sorted(ks.items())]
@@ -114,15 +133,23 @@ def candidate_grid(state: Moments, artefact: Iterable[int] = (), extra_D: Iterab
     rest = min(d - len(removed), limit_k - len(removed))
     if removed and rest >= 1:
         k = max(1, min(whitening_k(np.delete(lam, [j - 1 for j in removed]), rows, whitening_variance), rest))
-        grid.append(Candidate(f"abtt+whitening {_abtt_name(removed)} k={k}", ABTT_WHITENING, removed, k,
-                              ("artefact",) if artefact and removed == tuple(artefact) else ("d/100",)))
+        grid.append(
+            Candidate(
+                f"abtt+whitening {_abtt_name(removed)} k={k}",
+                ABTT_WHITENING,
+                removed,
+                k,
+                ("artefact",) if artefact and removed == tuple(artefact) else ("d/100",),
+            )
+        )
     if cluster_recenter:
         grid.append(Candidate(Method.CLUSTER_RECENTER, Method.CLUSTER_RECENTER))
     return grid
 
 
-def fit_candidate(state: Moments, candidate: Candidate,
-                  cluster_recenter: FittedTransform | None = None) -> FittedTransform | None:
+def fit_candidate(
+    state: Moments, candidate: Candidate, cluster_recenter: FittedTransform | None = None
+) -> FittedTransform | None:
     """``candidate`` fitted from ``state`` (None for raw); cluster_recenter is the given fit (k-means is not a
     moments fit, so it is the same transform whatever rows the state holds)."""
     if candidate.family == Method.NONE:
@@ -142,8 +169,9 @@ def fit_candidate(state: Moments, candidate: Candidate,
     raise ValueError(f"unknown candidate family {candidate.family!r}")
 
 
-def fit_grid(state: Moments, grid: Sequence[Candidate],
-             cluster_recenter: FittedTransform | None = None) -> dict[str, FittedTransform | None]:
+def fit_grid(
+    state: Moments, grid: Sequence[Candidate], cluster_recenter: FittedTransform | None = None
+) -> dict[str, FittedTransform | None]:
     """{name: transform} of every grid entry fitted from ``state``, in grid order."""
     return {c.name: fit_candidate(state, c, cluster_recenter) for c in grid}
 
@@ -168,11 +196,18 @@ class Evidence:
     sizes: dict[str, int]
 
 
-def summarise(names: Sequence[str], query_metrics: Mapping[str, Mapping[str, np.ndarray]] | None = None,
-              query_ids: np.ndarray | None = None, pair_cosines: Mapping[str, np.ndarray] | None = None,
-              gold: np.ndarray | None = None, pair_keys: Sequence | None = None, seed: int = 0,
-              resamples: int = DEFAULT_RESAMPLES, confidence: float = DEFAULT_CONFIDENCE,
-              split: bool = True) -> Evidence:
+def summarise(
+    names: Sequence[str],
+    query_metrics: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+    query_ids: np.ndarray | None = None,
+    pair_cosines: Mapping[str, np.ndarray] | None = None,
+    gold: np.ndarray | None = None,
+    pair_keys: Sequence | None = None,
+    seed: int = 0,
+    resamples: int = DEFAULT_RESAMPLES,
+    confidence: float = DEFAULT_CONFIDENCE,
+    split: bool = True,
+) -> Evidence:
     """Selection / report split and paired bootstrap (module docstring) for candidates ``names`` (must include
     ``none``; ``published`` gets compared against when present).
 
@@ -186,7 +221,7 @@ def summarise(names: Sequence[str], query_metrics: Mapping[str, Mapping[str, np.
         raise ValueError("the evidence needs the raw candidate 'none' as its baseline")
     selection: dict[str, dict[str, float]] = {name: {} for name in names}
     report: dict[str, dict[str, float]] = {name: {} for name in names}
-    draws: dict[str, np.ndarray] = {}            # metric → (resamples, C) statistic per resample
+    draws: dict[str, np.ndarray] = {}  # metric → (resamples, C) statistic per resample
     sizes: dict[str, int] = {}
     if query_metrics is not None:
         if query_ids is None:
@@ -212,17 +247,26 @@ def summarise(names: Sequence[str], query_metrics: Mapping[str, Mapping[str, np.
             rho = spearman_rows(cosines[:, part], np.broadcast_to(gold[part], cosines[:, part].shape))
             for c, name in enumerate(names):
                 target[name]["spearman"] = float(rho[c])
-        draws["spearman"] = spearman_draws(cosines[:, ~half], gold[~half],
-                                           resample_indices(int((~half).sum()), resamples, seed))
+        draws["spearman"] = spearman_draws(
+            cosines[:, ~half], gold[~half], resample_indices(int((~half).sum()), resamples, seed)
+        )
     raw = names.index(RAW)
     published = names.index(PUBLISHED) if PUBLISHED in names else None
     intervals: dict[str, CandidateIntervals] = {}
     for c, name in enumerate(names):
+
         def against(base: int) -> dict[str, dict[str, float]]:
-            return {metric: interval(report[name][metric] - report[names[base]][metric],
-                                     stat[:, c] - stat[:, base], confidence) for metric, stat in draws.items()}
-        intervals[name] = {"delta_vs_raw": against(raw),
-                           "delta_vs_published": against(published) if published is not None else None}
+            return {
+                metric: interval(
+                    report[name][metric] - report[names[base]][metric], stat[:, c] - stat[:, base], confidence
+                )
+                for metric, stat in draws.items()
+            }
+
+        intervals[name] = {
+            "delta_vs_raw": against(raw),
+            "delta_vs_published": against(published) if published is not None else None,
+        }
     return Evidence(selection, report, intervals, sizes)
 
 
@@ -234,9 +278,11 @@ def _halves(ids: Ids, seed: int, split: bool, least: int, what: str) -> np.ndarr
         return np.zeros(len(ids), dtype=bool)
     half = selection_half(ids, seed)
     if half.sum() < least or (~half).sum() < least:
-        raise ValueError(f"the evaluation splits its {what} by id into a selection half and a report half; "
-                         f"{half.shape[0]} {what} gave {int(half.sum())} and {int((~half).sum())}: at least "
-                         f"{least} are needed in each")
+        raise ValueError(
+            f"the evaluation splits its {what} by id into a selection half and a report half; "
+            f"{half.shape[0]} {what} gave {int(half.sum())} and {int((~half).sum())}: at least "
+            f"{least} are needed in each"
+        )
     return half
 
 
@@ -257,8 +303,9 @@ def best_candidate(selection: Mapping[str, Mapping[str, float]], metric: str, ex
     return max(names, key=lambda name: (score[name], -names.index(name)))
 
 
-def decide(evidence: Evidence, metric: str, min_gain: float, published: bool,
-           excluded: Mapping[str, str] | None = None) -> tuple[str, str, str]:
+def decide(
+    evidence: Evidence, metric: str, min_gain: float, published: bool, excluded: Mapping[str, str] | None = None
+) -> tuple[str, str, str]:
     """(action ``publish`` | ``keep``, candidate, reason) for ``method: auto`` (module docstring). ``published``:
     whether the output already carries a transform (then ``keep`` names ``published``, else ``none``);
     ``excluded``: {candidate: why} candidates a gate would refuse whatever their scores (left out of the choice,
@@ -281,8 +328,14 @@ def decide(evidence: Evidence, metric: str, min_gain: float, published: bool,
             raise ValueError("published is set but the evidence holds no published candidate")
         vs_published = against_published[metric]
         if not vs_published["low"] > 0:
-            return "keep", kept, (f"{keep}: {said}, but Δ vs the published transform {interval_text(vs_published)} "
-                                  f"does not exceed 0{left_out}")
+            return (
+                "keep",
+                kept,
+                (
+                    f"{keep}: {said}, but Δ vs the published transform {interval_text(vs_published)} "
+                    f"does not exceed 0{left_out}"
+                ),
+            )
         said += f" and Δ vs the published transform {interval_text(vs_published)} exceeds 0"
     return "publish", best, f"published {best}: {said}{left_out}"
 
@@ -296,11 +349,14 @@ def refuse_explicit(intervals: CandidateIntervals, max_quality_drop: float) -> t
     worse = {metric: delta for metric, delta in intervals["delta_vs_raw"].items() if delta["high"] < -max_quality_drop}
     if worse:
         metric = min(worse, key=lambda key: worse[key]["high"])
-        return False, (f"quality gate: {metric} Δ vs raw {interval_text(worse[metric])} is below "
-                       f"-max_quality_drop {max_quality_drop:g} (the interval says it is worse than raw)")
+        return False, (
+            f"quality gate: {metric} Δ vs raw {interval_text(worse[metric])} is below "
+            f"-max_quality_drop {max_quality_drop:g} (the interval says it is worse than raw)"
+        )
     shown = ", ".join(f"{metric} {interval_text(delta)}" for metric, delta in intervals["delta_vs_raw"].items())
-    return True, (f"quality gate passed: no interval of Δ vs raw lies below -max_quality_drop {max_quality_drop:g} "
-                  f"({shown})")
+    return True, (
+        f"quality gate passed: no interval of Δ vs raw lies below -max_quality_drop {max_quality_drop:g} ({shown})"
+    )
 
 
 def query_drift(state: Moments, queries: np.ndarray, directions: int) -> list[dict]:
@@ -311,5 +367,7 @@ def query_drift(state: Moments, queries: np.ndarray, directions: int) -> list[di
     lam, vectors = centred_spectrum(state)
     shift = np.asarray(queries, dtype=np.float64).mean(axis=0) - state.mean
     count = min(int(directions), state.d)
-    return [{"index": j + 1, "drift_sd": float(abs(shift @ vectors[:, j]) / np.sqrt(lam[j])) if lam[j] > 0 else None}
-            for j in range(count)]
+    return [
+        {"index": j + 1, "drift_sd": float(abs(shift @ vectors[:, j]) / np.sqrt(lam[j])) if lam[j] > 0 else None}
+        for j in range(count)
+    ]

@@ -5,6 +5,7 @@
 numbers per cluster and for the whole corpus, with the anisotropy a global centring leaves inside each cluster
 (:func:`induced_anisotropy`) — what the cluster recentering of :mod:`anisotropy_core.cluster_recenter` removes.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence, TypedDict
@@ -31,17 +32,25 @@ def merge_cluster_moments(left: Sequence[Moments], right: Sequence[Moments]) -> 
 def induced_anisotropy(offset: float, spread: float) -> float:
     """Seed chapter 7: average cosine ‖δ‖² / (‖δ‖² + s²) among vectors sharing a residual offset of norm
     ``offset`` on top of centred residuals of typical norm ``spread`` (equal-norm approximation)."""
-    total = offset ** 2 + spread ** 2
+    total = offset**2 + spread**2
     if total <= 0:
         raise ValueError("offset and spread are both zero: the vectors are all zero")
-    return offset ** 2 / total
+    return offset**2 / total
 
 
 # the per-cluster table (:func:`cluster_diagnostics`; the mixture check adds its null): what
 # :class:`anisotropy_core.decision.MixtureEvidence` reads, plus the ``global`` row (a keyword: the functional form)
-ClusterTable = TypedDict("ClusterTable", {"global": dict[str, Any], "clusters": list[dict[str, Any]],
-                                          "locally_isotropic": bool, "mixture_null": dict[str, Any],
-                                          "mixture_p": float | None}, total=False)
+ClusterTable = TypedDict(
+    "ClusterTable",
+    {
+        "global": dict[str, Any],
+        "clusters": list[dict[str, Any]],
+        "locally_isotropic": bool,
+        "mixture_null": dict[str, Any],
+        "mixture_p": float | None,
+    },
+    total=False,
+)
 
 CLUSTER_REPORT_KEYS = ("offset_ratio", "anisotropy_A", "top1_var", "effective_rank", "erank_frac")
 
@@ -70,15 +79,19 @@ def cluster_diagnostics(states: Sequence[Moments]) -> ClusterTable:
         if state.n:
             delta = float(np.linalg.norm(state.mean - total.mean))
             spread = float(np.sqrt(np.trace(state.covariance())))
-            row["induced_A_global_centring"] = (induced_anisotropy(delta, spread)
-                                                if delta > 0 or spread > 0 else None)
+            row["induced_A_global_centring"] = induced_anisotropy(delta, spread) if delta > 0 or spread > 0 else None
         else:
             row["induced_A_global_centring"] = None
         rows.append(row)
     shaped = [r for r in rows if r["top1_var"] is not None]
-    local = bool(shaped) and global_row["top1_var"] is not None and all(
-        r["top1_var"] < global_row["top1_var"] and r["effective_rank"] > global_row["effective_rank"]
-        for r in shaped)
+    local = (
+        bool(shaped)
+        and global_row["top1_var"] is not None
+        and all(
+            r["top1_var"] < global_row["top1_var"] and r["effective_rank"] > global_row["effective_rank"]
+            for r in shaped
+        )
+    )
     return {"global": global_row, "clusters": rows, "locally_isotropic": local}
 
 
@@ -86,7 +99,7 @@ def _diagnosis_row(state: Moments, corpus_n: int) -> dict[str, Any]:
     row: dict[str, Any] = {"size": int(state.n), "share": state.n / corpus_n if corpus_n else 0.0, "d": state.d}
     try:
         report = diagnose(state)
-    except ValueError:        # fewer than 2 vectors, or zero spread: the shape is undefined
+    except ValueError:  # fewer than 2 vectors, or zero spread: the shape is undefined
         report = None
     for key in CLUSTER_REPORT_KEYS:
         row[key] = None if report is None else report[key]

@@ -8,6 +8,7 @@ modest k), keep one mean per cluster (optionally its top-D within-cluster direct
 of the cluster a vector lands in: :class:`ClusterRecenter` (registered transform ``"cluster_recenter"``),
 fitted in memory by :func:`fit_cluster_recenter` (on Spark: ``anisotropy_spark.kmeans.spark_fit_cluster_recenter``).
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
@@ -42,8 +43,15 @@ class ClusterRecenter(FittedTransform):
 
     method = Method.CLUSTER_RECENTER
 
-    def __init__(self, metric: str, centroids: np.ndarray, means: np.ndarray, directions: np.ndarray,
-                 sizes: np.ndarray, fit_info: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        metric: str,
+        centroids: np.ndarray,
+        means: np.ndarray,
+        directions: np.ndarray,
+        sizes: np.ndarray,
+        fit_info: Mapping[str, Any] | None = None,
+    ):
         self.metric = check_metric(metric)
         self.centroids = np.asarray(centroids, dtype=np.float64)
         self.means = np.asarray(means, dtype=np.float64)
@@ -51,11 +59,15 @@ class ClusterRecenter(FittedTransform):
         k, d = self.centroids.shape
         self.directions = np.asarray(directions, dtype=np.float64).reshape(k, -1, d)
         if self.means.shape != (k, d) or self.sizes.shape != (k,):
-            raise ValueError(f"inconsistent cluster-recenter arrays: centroids {self.centroids.shape}, "
-                             f"means {self.means.shape}, sizes {self.sizes.shape}")
+            raise ValueError(
+                f"inconsistent cluster-recenter arrays: centroids {self.centroids.shape}, "
+                f"means {self.means.shape}, sizes {self.sizes.shape}"
+            )
         if not (self.sizes > 0).all():
-            raise ValueError(f"clusters {np.flatnonzero(self.sizes <= 0).tolist()} received no fitting vectors; "
-                             "their mean is undefined (lower k or raise max_iter)")
+            raise ValueError(
+                f"clusters {np.flatnonzero(self.sizes <= 0).tolist()} received no fitting vectors; "
+                "their mean is undefined (lower k or raise max_iter)"
+            )
         super().__init__(self.sizes @ self.means / self.sizes.sum())
         self.fit_info = dict(fit_info or {})
 
@@ -68,8 +80,14 @@ class ClusterRecenter(FittedTransform):
         return int(self.directions.shape[1])
 
     @classmethod
-    def from_moments(cls, centroids: np.ndarray, states: Sequence[Moments], n_directions: int, metric: str,
-                     fit_info: Mapping[str, Any] | None = None) -> "ClusterRecenter":
+    def from_moments(
+        cls,
+        centroids: np.ndarray,
+        states: Sequence[Moments],
+        n_directions: int,
+        metric: str,
+        fit_info: Mapping[str, Any] | None = None,
+    ) -> "ClusterRecenter":
         """Build from (k, d) ``centroids`` and the k per-cluster :class:`Moments` of the fitting data."""
         k, d = np.shape(centroids)
         if len(states) != k:
@@ -78,24 +96,35 @@ class ClusterRecenter(FittedTransform):
             raise ValueError(f"directions per cluster must be in [0, {d}), got {n_directions}")
         empty = [c for c, s in enumerate(states) if s.n == 0]
         if empty:
-            raise ValueError(f"clusters {empty} received no fitting vectors; their mean is undefined "
-                             "(lower k or raise max_iter)")
+            raise ValueError(
+                f"clusters {empty} received no fitting vectors; their mean is undefined (lower k or raise max_iter)"
+            )
         directions = np.stack([centred_spectrum(s)[1][:, :n_directions].T for s in states])
-        return cls(metric, centroids, np.stack([s.mean for s in states]), directions.reshape(k, n_directions, d),
-                   np.array([s.n for s in states]), fit_info)
+        return cls(
+            metric,
+            centroids,
+            np.stack([s.mean for s in states]),
+            directions.reshape(k, n_directions, d),
+            np.array([s.n for s in states]),
+            fit_info,
+        )
 
     def params(self) -> dict[str, Any]:
         return {"metric": self.metric, "k": self.k, "D_per_cluster": self.n_directions, **self.fit_info}
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {"mean": self.mean, "centroids": self.centroids, "means": self.means,
-                "directions": self.directions, "sizes": self.sizes.astype(np.float64)}
+        return {
+            "mean": self.mean,
+            "centroids": self.centroids,
+            "means": self.means,
+            "directions": self.directions,
+            "sizes": self.sizes.astype(np.float64),
+        }
 
     @classmethod
     def from_parts(cls, params: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> "ClusterRecenter":
         info = {key: value for key, value in params.items() if key not in ("metric", "k", "D_per_cluster")}
-        return cls(params["metric"], arrays["centroids"], arrays["means"], arrays["directions"], arrays["sizes"],
-                   info)
+        return cls(params["metric"], arrays["centroids"], arrays["means"], arrays["directions"], arrays["sizes"], info)
 
     def assign(self, vectors: np.ndarray) -> np.ndarray:
         """(B,) int64 cluster id of each raw vector (B, d)."""
@@ -112,11 +141,11 @@ class ClusterRecenter(FittedTransform):
         ids = np.empty(x.shape[0], dtype=np.int64)
 
         def recenter(rows: np.ndarray, start: int) -> np.ndarray:
-            block_ids = ids[start:start + rows.shape[0]]
+            block_ids = ids[start : start + rows.shape[0]]
             block_ids[...] = self.assign(rows)
             rows -= self.means[block_ids]
             if self.n_directions:
-                u = self.directions[block_ids]                       # (b, D, d)
+                u = self.directions[block_ids]  # (b, D, d)
                 rows -= np.einsum("bj,bjd->bd", np.einsum("bjd,bd->bj", u, rows), u)
             return rows
 
@@ -131,16 +160,22 @@ class ClusterRecenter(FittedTransform):
 
 def kmeans_info(result: KMeansResult) -> dict[str, Any]:
     """JSON scalars recorded with a cluster-recenter fit."""
-    return {"inertia": float(result.inertia), "n_iter": int(result.n_iter), "converged": bool(result.converged),
-            "refinement": result.refinement}
+    return {
+        "inertia": float(result.inertia),
+        "n_iter": int(result.n_iter),
+        "converged": bool(result.converged),
+        "refinement": result.refinement,
+    }
 
 
-def fit_cluster_recenter(vectors: np.ndarray, k: int, n_directions: int = 0, metric: str = "euclidean",
-                         seed: int = 0, **kmeans_options) -> tuple[ClusterRecenter, KMeansResult]:
+def fit_cluster_recenter(
+    vectors: np.ndarray, k: int, n_directions: int = 0, metric: str = "euclidean", seed: int = 0, **kmeans_options
+) -> tuple[ClusterRecenter, KMeansResult]:
     """Numpy reference fit on (n, d) ``vectors``: k-means, then one per-cluster moments pass."""
     result = kmeans(vectors, k, metric, seed, **kmeans_options)
     x = np.asarray(vectors, dtype=np.float64)
     ids = assign(prepare(x, metric), result.centroids, metric)[0]
-    fit = ClusterRecenter.from_moments(result.centroids, cluster_moments(x, ids, k), n_directions, metric,
-                                       kmeans_info(result))
+    fit = ClusterRecenter.from_moments(
+        result.centroids, cluster_moments(x, ids, k), n_directions, metric, kmeans_info(result)
+    )
     return fit, result

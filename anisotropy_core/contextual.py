@@ -25,6 +25,7 @@ A = (n‖μ̂‖² − 1)/(n − 1) computes it from one count and one (d,) sum 
 :class:`GroupSums` is the mergeable per-group state (Spark's partial sums); the pure-numpy
 :func:`contextual_report` is the reference the distributed version is tested against.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from .transforms import FitData, principal
 # (float64 rounding leaves ~1e-32·‖mean‖²); real spread in embeddings is many orders of magnitude above
 IDENTICAL_TOLERANCE = 1e-20
 
-Key = TypeVar("Key", bound=Hashable)   # a group key: a layer, or a (layer, word) / (layer, sentence) pair
+Key = TypeVar("Key", bound=Hashable)  # a group key: a layer, or a (layer, word) / (layer, sentence) pair
 
 
 @dataclass
@@ -83,7 +84,7 @@ class GroupSums:
     def from_array(cls, flat: np.ndarray) -> "GroupSums":
         flat = np.asarray(flat, dtype=np.float64)
         d = (flat.shape[0] - 1) // 2
-        return cls(int(flat[0]), flat[1:1 + d].copy(), flat[1 + d:].copy())
+        return cls(int(flat[0]), flat[1 : 1 + d].copy(), flat[1 + d :].copy())
 
 
 def group_sums(vectors: np.ndarray, keys: Sequence[Key]) -> dict[Key, GroupSums]:
@@ -162,7 +163,7 @@ def pooled_anisotropy(ratio: float, tokens: float) -> float:
     """Baseline cosine of mean-pooled vectors of ``tokens`` tokens each, h = c + g with G/C = ``ratio``:
     C² / (C² + G²/m) = 1 / (1 + ratio²/m) (seed ch. 4; the shared part survives pooling, the rest shrinks as
     1/√m)."""
-    return 1.0 / (1.0 + ratio ** 2 / tokens)
+    return 1.0 / (1.0 + ratio**2 / tokens)
 
 
 def pooling_report(sentence_sums: Mapping[tuple, GroupSums], baselines: Mapping[Hashable, float]) -> dict:
@@ -184,31 +185,41 @@ def pooling_report(sentence_sums: Mapping[tuple, GroupSums], baselines: Mapping[
         if len(states) < 3 or layer not in baselines:
             continue
         tokens = np.array([s.n for s in states], dtype=np.float64)
-        pooled = np.stack([s.sum_raw / s.n for s in states])                      # (S, d)
+        pooled = np.stack([s.sum_raw / s.n for s in states])  # (S, d)
         squared = (pooled * pooled).sum(axis=1)
         ratio = None
         if tokens.std() > 0:
             slope, intercept = np.polyfit(1.0 / tokens, squared, 1)
             ratio = float(np.sqrt(slope / intercept)) if slope > 0 and intercept > 0 else None
-        unit = pooled / np.linalg.norm(pooled, axis=1, keepdims=True)              # cosine geometry
+        unit = pooled / np.linalg.norm(pooled, axis=1, keepdims=True)  # cosine geometry
         projection = (unit - unit.mean(axis=0)) @ principal(unit, require_spread=False).vectors[:, 0]
-        corr = float(abs(np.corrcoef(projection, tokens)[0, 1])) if tokens.std() > 0 and projection.std() > 0 \
-            else None
+        corr = float(abs(np.corrcoef(projection, tokens)[0, 1])) if tokens.std() > 0 and projection.std() > 0 else None
         median = float(np.median(tokens))
-        rows.append({"layer": plain_scalar(layer), "sentences": len(states), "token_baseline": baselines[layer],
-                     "pooled_A": GroupSums.of_batch(pooled).average_cosine(), "shared_over_idiosyncratic": ratio,
-                     "median_tokens": median,
-                     "predicted_pooled_A": None if ratio is None else pooled_anisotropy(ratio, median),
-                     "u1_token_count_corr": corr})
+        rows.append(
+            {
+                "layer": plain_scalar(layer),
+                "sentences": len(states),
+                "token_baseline": baselines[layer],
+                "pooled_A": GroupSums.of_batch(pooled).average_cosine(),
+                "shared_over_idiosyncratic": ratio,
+                "median_tokens": median,
+                "predicted_pooled_A": None if ratio is None else pooled_anisotropy(ratio, median),
+                "u1_token_count_corr": corr,
+            }
+        )
     above_input = rows[1:]
     best = min(above_input, key=lambda r: r["pooled_A"])["layer"] if above_input else None
-    return {"layers": rows, "recommended_layer": best,
-            "rule": "lowest pooled anisotropy above the input layer (layer 0 is a lookup table: isotropic but "
-                    "non-contextual); the first-last average is the standard strong baseline to compare with"}
+    return {
+        "layers": rows,
+        "recommended_layer": best,
+        "rule": "lowest pooled anisotropy above the input layer (layer 0 is a lookup table: isotropic but "
+        "non-contextual); the first-last average is the standard strong baseline to compare with",
+    }
 
 
-def adjust(raw: Mapping[Hashable, float], baselines: Mapping[Hashable, float],
-           layer_of: Mapping[Hashable, Hashable]) -> dict[Hashable, float]:
+def adjust(
+    raw: Mapping[Hashable, float], baselines: Mapping[Hashable, float], layer_of: Mapping[Hashable, Hashable]
+) -> dict[Hashable, float]:
     """Baseline-adjusted values: raw[key] − baselines[layer_of[key]] for every key of ``raw``."""
     return {key: value - baselines[layer_of[key]] for key, value in raw.items()}
 
@@ -218,10 +229,12 @@ def ranking(values: Mapping[Hashable, float]) -> list[Hashable]:
     return sorted(values, key=lambda k: -values[k])
 
 
-def contextual_measures(layer_sums: Mapping[Any, GroupSums],
-                        word_sums: Mapping[tuple, GroupSums],
-                        sentence_sums: Mapping[tuple, GroupSums],
-                        word_moments: Mapping[tuple, FitData] | None = None) -> dict:
+def contextual_measures(
+    layer_sums: Mapping[Any, GroupSums],
+    word_sums: Mapping[tuple, GroupSums],
+    sentence_sums: Mapping[tuple, GroupSums],
+    word_moments: Mapping[tuple, FitData] | None = None,
+) -> dict:
     """Assemble the chapter-4 report from group states.
 
     ``layer_sums``: {layer: GroupSums}; ``word_sums``: {(layer, word): GroupSums};
@@ -235,8 +248,10 @@ def contextual_measures(layer_sums: Mapping[Any, GroupSums],
     "pooling": :func:`pooling_report`}`` sorted by layer then key.
     """
     baselines = {layer: s.average_cosine() for layer, s in layer_sums.items() if s.n >= 2}
-    layers = [{"layer": plain_scalar(layer), "n": layer_sums[layer].n, "baseline": baselines[layer]}
-              for layer in sorted(baselines)]
+    layers = [
+        {"layer": plain_scalar(layer), "n": layer_sums[layer].n, "baseline": baselines[layer]}
+        for layer in sorted(baselines)
+    ]
     words, statics = [], []
     for (layer, word), s in sorted(word_sums.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
         if s.n < 2 or layer not in baselines:
@@ -254,14 +269,27 @@ def contextual_measures(layer_sums: Mapping[Any, GroupSums],
         if s.n < 2 or layer not in baselines:
             continue
         intra = s.mean_cosine_to_centroid()
-        sentences.append({"layer": plain_scalar(layer), "sentence": plain_scalar(sentence), "n": s.n,
-                          "intra_sim": intra, "adjusted_intra_sim": intra - baselines[layer]})
-    return {"layers": layers, "words": words, "sentences": sentences, "static_vectors": statics,
-            "pooling": pooling_report(sentence_sums, baselines)}
+        sentences.append(
+            {
+                "layer": plain_scalar(layer),
+                "sentence": plain_scalar(sentence),
+                "n": s.n,
+                "intra_sim": intra,
+                "adjusted_intra_sim": intra - baselines[layer],
+            }
+        )
+    return {
+        "layers": layers,
+        "words": words,
+        "sentences": sentences,
+        "static_vectors": statics,
+        "pooling": pooling_report(sentence_sums, baselines),
+    }
 
 
-def contextual_report(vectors: np.ndarray, layers: Sequence, words: Sequence, sentences: Sequence,
-                      mev_min_occurrences: int = 2) -> dict:
+def contextual_report(
+    vectors: np.ndarray, layers: Sequence, words: Sequence, sentences: Sequence, mev_min_occurrences: int = 2
+) -> dict:
     """In-memory reference of the chapter-4 report for token vectors (n, d) with per-row layer, word and
     sentence keys (each (n,)). MEV and static vectors are computed for (layer, word) groups with
     ≥ ``mev_min_occurrences``, from the occurrence rows (the Gram route when m < d).
@@ -272,6 +300,9 @@ def contextual_report(vectors: np.ndarray, layers: Sequence, words: Sequence, se
     sentence_keys = list(zip(layer_keys, sentences))
     word_sums = group_sums(vectors, word_keys)
     eligible = [k for k, s in word_sums.items() if s.n >= max(2, mev_min_occurrences)]
-    return contextual_measures(group_sums(vectors, layer_keys), word_sums,
-                               group_sums(vectors, sentence_keys),
-                               group_rows(vectors, word_keys, only=eligible))
+    return contextual_measures(
+        group_sums(vectors, layer_keys),
+        word_sums,
+        group_sums(vectors, sentence_keys),
+        group_rows(vectors, word_keys, only=eligible),
+    )

@@ -50,6 +50,7 @@ read as direction 1) and the mixture evidence (:class:`MixtureEvidence`). Both e
 dicts their producers return and the reports carry, typed for what :func:`recommend` reads of them. A direction
 without ``p_adjusted`` (no null was run) is reported, never evidence.
 """
+
 from __future__ import annotations
 
 import math
@@ -158,8 +159,10 @@ class DecisionThresholds:
         if not 0 < self.artefact_alpha < 1:
             problems.append(f"artefact_alpha must be in (0, 1), got {self.artefact_alpha}")
         elif not 1.0 / (self.artefact_permutations + 1) < self.artefact_alpha:
-            problems.append(f"artefact_permutations={self.artefact_permutations} cannot give a p-value below "
-                            f"artefact_alpha={self.artefact_alpha} (the smallest is 1/(1 + permutations))")
+            problems.append(
+                f"artefact_permutations={self.artefact_permutations} cannot give a p-value below "
+                f"artefact_alpha={self.artefact_alpha} (the smallest is 1/(1 + permutations))"
+            )
         if self.max_D is not None and self.max_D < 0:
             problems.append(f"max_D must be >= 0, got {self.max_D}")
         return problems
@@ -217,8 +220,9 @@ def artefact_directions(diagnosis: Diagnosis, artefact: ArtefactEvidence | None)
     means = list(artefact.get("label_means", {}).values())
     lam1 = float(np.asarray(diagnosis.spectrum)[0])
     spread = (max(means) - min(means)) / math.sqrt(lam1) if len(means) >= 2 and lam1 > 0 else None
-    return [{"index": 1, "eigenvalue": lam1, "abs_corr": dict(artefact.get("abs_corr", {})),
-             "label_separation": spread}]
+    return [
+        {"index": 1, "eigenvalue": lam1, "abs_corr": dict(artefact.get("abs_corr", {})), "label_separation": spread}
+    ]
 
 
 def is_artefact(direction: ArtefactDirection, t: DecisionThresholds) -> bool:
@@ -235,9 +239,14 @@ def carries_label(direction: ArtefactDirection, t: DecisionThresholds) -> bool:
     return spread is not None and p is not None and p < t.artefact_alpha and spread >= t.label_separation
 
 
-def recommend(diagnosis: Diagnosis, clusters: MixtureEvidence | None = None,
-              artefact: ArtefactEvidence | None = None,
-              thresholds: DecisionThresholds = DecisionThresholds(), *, A_sign_null: float = 0.0) -> Recommendation:
+def recommend(
+    diagnosis: Diagnosis,
+    clusters: MixtureEvidence | None = None,
+    artefact: ArtefactEvidence | None = None,
+    thresholds: DecisionThresholds = DecisionThresholds(),
+    *,
+    A_sign_null: float = 0.0,
+) -> Recommendation:
     """The chapter-9 decision for one corpus.
 
     ``diagnosis``: :func:`anisotropy_core.diagnose` of the corpus (uses n, d, anisotropy_A, isotropic_sd,
@@ -256,85 +265,136 @@ def recommend(diagnosis: Diagnosis, clusters: MixtureEvidence | None = None,
     rows = artefact_directions(report, artefact)
     flagged = [r for r in rows if is_artefact(r, t)]
     protected = sorted(int(r["index"]) for r in flagged if carries_label(r, t)) if t.protect_label_direction else []
-    removable, rule = choose_directions(report.spectrum, n, d, "artefact", artefact_directions=[
-        r for r in flagged if int(r["index"]) not in protected], artefact_corr=t.artefact_corr)
+    removable, rule = choose_directions(
+        report.spectrum,
+        n,
+        d,
+        "artefact",
+        artefact_directions=[r for r in flagged if int(r["index"]) not in protected],
+        artefact_corr=t.artefact_corr,
+    )
     mp_count = min(above, t.max_D) if t.max_D is not None else above
     k = whitening_k(report.spectrum, n, t.whitening_variance)
-    evidence = {"A_in_isotropic_sds": sigmas, "A_null": null, "power_law_alpha": alpha, "top1_var": top1,
-                "mp_above_upper": above, "erank_frac": float(report.erank_frac),
-                "artefact_directions": removable, "rule_of_thumb_D": rule_of_thumb_d(d),
-                "candidate_D": candidate_d(n, d, len(removable), mp_count), "whitening_k": k}
+    evidence = {
+        "A_in_isotropic_sds": sigmas,
+        "A_null": null,
+        "power_law_alpha": alpha,
+        "top1_var": top1,
+        "mp_above_upper": above,
+        "erank_frac": float(report.erank_frac),
+        "artefact_directions": removable,
+        "rule_of_thumb_D": rule_of_thumb_d(d),
+        "candidate_D": candidate_d(n, d, len(removable), mp_count),
+        "whitening_k": k,
+    }
     steep = math.isfinite(alpha) and alpha >= t.steep_alpha
     spiky = top1 >= t.spike_top1 and above >= 1
     concentrated = steep or spiky or above >= 1
     rec = _mixture(clusters, t, evidence, above)
     if rec is None and removable:
-        rec = Recommendation(Method.ABTT, D=len(removable), directions=removable, reasons=[
-            _artefact_reason(rows, j, t, artefact) for j in removable] + [
-            f"ABTT removes exactly principal direction(s) {removable} (rule: {rule}); whitening would only "
-            "rescale them to unit variance and keep the artefact"])
+        rec = Recommendation(
+            Method.ABTT,
+            D=len(removable),
+            directions=removable,
+            reasons=[_artefact_reason(rows, j, t, artefact) for j in removable]
+            + [
+                f"ABTT removes exactly principal direction(s) {removable} (rule: {rule}); whitening would only "
+                "rescale them to unit variance and keep the artefact"
+            ],
+        )
         if steep:
-            rec.reasons.append(f"the spectrum is also steep (α = {alpha:.2f} ≥ {t.steep_alpha}): ABTT of these "
-                               f"directions then whitening-k (k = {k}) is a candidate to score on held-out queries")
+            rec.reasons.append(
+                f"the spectrum is also steep (α = {alpha:.2f} ≥ {t.steep_alpha}): ABTT of these "
+                f"directions then whitening-k (k = {k}) is a candidate to score on held-out queries"
+            )
         evidence["D_rule"] = rule
     if rec is None:
         rec = _center_or_none(report, t, sigmas, null, alpha, top1, concentrated)
         if concentrated:
             rec.reasons.append(_candidates_reason(t, evidence, steep, spiky))
     if protected:
-        rec.reasons.append(f"protect_label_direction keeps principal direction(s) {protected} although the artefact "
-                           "test flags them, because labels significantly separate along them")
+        rec.reasons.append(
+            f"protect_label_direction keeps principal direction(s) {protected} although the artefact "
+            "test flags them, because labels significantly separate along them"
+        )
     rec.evidence = {**evidence, **rec.evidence}
     rec.verified = rec.method in (Method.NONE, Method.CENTER, Method.CLUSTER_RECENTER) or (
-        rec.method == Method.ABTT and set(rec.directions or []) <= set(removable))
+        rec.method == Method.ABTT and set(rec.directions or []) <= set(removable)
+    )
     rec.reasons += _not_evidence_reasons(rows, t)
     _label_guards(rec, rows, t)
     _sample_warnings(rec, report, t)
     return rec
 
 
-def _center_or_none(report: Diagnosis, t: DecisionThresholds, sigmas: float, null: float, alpha: float,
-                    top1: float, concentrated: bool) -> Recommendation:
+def _center_or_none(
+    report: Diagnosis, t: DecisionThresholds, sigmas: float, null: float, alpha: float, top1: float, concentrated: bool
+) -> Recommendation:
     """Branches 3 and 4: centring when the offset is real, else nothing; both delete no direction."""
     if sigmas > t.offset_sigmas:
-        return Recommendation(Method.CENTER, reasons=[
-            f"the offset dominates: A = {report.anisotropy_A:.4f} is {sigmas:.1f} isotropic SDs "
-            f"(1/√d = {report.isotropic_sd:.4f}) above its null {null:.4f}; centring subtracts the mean and "
-            "deletes no direction (chapter 1/3: just centre)"])
+        return Recommendation(
+            Method.CENTER,
+            reasons=[
+                f"the offset dominates: A = {report.anisotropy_A:.4f} is {sigmas:.1f} isotropic SDs "
+                f"(1/√d = {report.isotropic_sd:.4f}) above its null {null:.4f}; centring subtracts the mean and "
+                "deletes no direction (chapter 1/3: just centre)"
+            ],
+        )
     if concentrated:
-        return Recommendation(Method.NONE, reasons=[
-            f"no verified correction: A is {sigmas:.1f} ≤ {t.offset_sigmas} isotropic SDs above its null "
-            f"{null:.4f} and no direction is a verified artefact (α = {alpha:.2f}, top-1 share {top1:.3f})"])
-    return Recommendation(Method.NONE, reasons=[
-        f"already isotropic: A is {sigmas:.1f} ≤ {t.offset_sigmas} isotropic SDs above its null {null:.4f} and "
-        f"the spectrum is flat (α = {alpha:.2f}, top-1 share {top1:.3f}); correcting it would only add a "
-        "fitted artefact and amplify noise (chapter 7, failure six: e.g. a contrastive embedder)"])
+        return Recommendation(
+            Method.NONE,
+            reasons=[
+                f"no verified correction: A is {sigmas:.1f} ≤ {t.offset_sigmas} isotropic SDs above its null "
+                f"{null:.4f} and no direction is a verified artefact (α = {alpha:.2f}, top-1 share {top1:.3f})"
+            ],
+        )
+    return Recommendation(
+        Method.NONE,
+        reasons=[
+            f"already isotropic: A is {sigmas:.1f} ≤ {t.offset_sigmas} isotropic SDs above its null {null:.4f} and "
+            f"the spectrum is flat (α = {alpha:.2f}, top-1 share {top1:.3f}); correcting it would only add a "
+            "fitted artefact and amplify noise (chapter 7, failure six: e.g. a contrastive embedder)"
+        ],
+    )
 
 
 def _candidates_reason(t: DecisionThresholds, evidence: dict, steep: bool, spiky: bool) -> str:
     """The unverified candidates a concentrated spectrum suggests, stated as candidates, never applied."""
     alpha, top1, above = evidence["power_law_alpha"], evidence["top1_var"], evidence["mp_above_upper"]
     thumb = evidence["rule_of_thumb_D"]
-    shape = (f"steep spectrum (α = {alpha:.2f} ≥ {t.steep_alpha})" if steep else
-             f"dominant directions (top-1 share {top1:.3f} ≥ {t.spike_top1})" if spiky else
-             f"{above} eigenvalue(s) above the Marchenko–Pastur edge")
-    return (f"{shape}: whitening-k (k = {evidence['whitening_k']}) and ABTT D ∈ {{1..{thumb}}} (rule of thumb "
-            f"d/100, \"a starting point, not an answer\"; grid {evidence['candidate_D']} up to the Marchenko–Pastur "
-            f"count {above}) are candidates to score on held-out queries; unverified, not applied: the "
-            "Marchenko–Pastur edge is a null for sampling noise, not evidence that a direction is an artefact")
+    shape = (
+        f"steep spectrum (α = {alpha:.2f} ≥ {t.steep_alpha})"
+        if steep
+        else f"dominant directions (top-1 share {top1:.3f} ≥ {t.spike_top1})"
+        if spiky
+        else f"{above} eigenvalue(s) above the Marchenko–Pastur edge"
+    )
+    return (
+        f"{shape}: whitening-k (k = {evidence['whitening_k']}) and ABTT D ∈ {{1..{thumb}}} (rule of thumb "
+        f'd/100, "a starting point, not an answer"; grid {evidence["candidate_D"]} up to the Marchenko–Pastur '
+        f"count {above}) are candidates to score on held-out queries; unverified, not applied: the "
+        "Marchenko–Pastur edge is a null for sampling noise, not evidence that a direction is an artefact"
+    )
 
 
-def _artefact_reason(rows: list[ArtefactDirection], index: int, t: DecisionThresholds,
-                     artefact: ArtefactEvidence | None) -> str:
+def _artefact_reason(
+    rows: list[ArtefactDirection], index: int, t: DecisionThresholds, artefact: ArtefactEvidence | None
+) -> str:
     row = next(r for r in rows if int(r["index"]) == index)
     column, corr = max_abs_corr(row)
     label_given = bool((artefact or {}).get("null", {}).get("label_column_given")) or any(
-        r.get("label_separation") is not None for r in rows)
-    label = ("no label significantly separates along it" if label_given else
-             "no label column was given, so whether it also carries signal is unchecked")
-    return (f"u{index} is an artefact: |corr(u{index} projection, {column})| = {corr:.2f} ≥ {t.artefact_corr} "
-            f"with permutation-adjusted p = {row['p_adjusted']:.3g} < {t.artefact_alpha}, it is above the "
-            f"Marchenko–Pastur edge and {label}")
+        r.get("label_separation") is not None for r in rows
+    )
+    label = (
+        "no label significantly separates along it"
+        if label_given
+        else "no label column was given, so whether it also carries signal is unchecked"
+    )
+    return (
+        f"u{index} is an artefact: |corr(u{index} projection, {column})| = {corr:.2f} ≥ {t.artefact_corr} "
+        f"with permutation-adjusted p = {row['p_adjusted']:.3g} < {t.artefact_alpha}, it is above the "
+        f"Marchenko–Pastur edge and {label}"
+    )
 
 
 def _not_evidence_reasons(rows: list[ArtefactDirection], t: DecisionThresholds) -> list[str]:
@@ -345,14 +405,18 @@ def _not_evidence_reasons(rows: list[ArtefactDirection], t: DecisionThresholds) 
         if corr < t.artefact_corr or is_artefact(row, t):
             continue
         p = row.get("p_adjusted")
-        why = "no permutation null was run for it" if p is None else \
-            f"its permutation-adjusted p = {p:.3g} ≥ {t.artefact_alpha} (could be chance at this sample size)"
+        why = (
+            "no permutation null was run for it"
+            if p is None
+            else f"its permutation-adjusted p = {p:.3g} ≥ {t.artefact_alpha} (could be chance at this sample size)"
+        )
         out.append(f"u{row['index']} has |corr| = {corr:.2f} with {column} but {why}: not evidence, nothing removed")
     return out
 
 
-def _mixture(clusters: MixtureEvidence | None, t: DecisionThresholds, evidence: dict[str, Any],
-             above: int) -> Recommendation | None:
+def _mixture(
+    clusters: MixtureEvidence | None, t: DecisionThresholds, evidence: dict[str, Any], above: int
+) -> Recommendation | None:
     """Branch 1: the cluster-wise recommendation, or None when the clusters do not show a mixture."""
     if not clusters or len(clusters.get("clusters", [])) < 2:
         return None
@@ -361,45 +425,69 @@ def _mixture(clusters: MixtureEvidence | None, t: DecisionThresholds, evidence: 
     worst = max((v for v in induced if v is not None), default=0.0)
     local = bool(clusters.get("locally_isotropic")) and above >= 1
     p = clusters.get("mixture_p")
-    evidence.update(clusters_locally_isotropic=bool(clusters.get("locally_isotropic")), worst_induced_A=worst,
-                    mixture_p=p)
+    evidence.update(
+        clusters_locally_isotropic=bool(clusters.get("locally_isotropic")), worst_induced_A=worst, mixture_p=p
+    )
     if not (local or worst >= t.induced_A_max):
         return None
     if p is not None and p > t.artefact_alpha:
-        evidence["mixture_unverified"] = (f"k-means finds no more structure than in one Gaussian population of the "
-                                          f"same shape (mixture null p = {p:.2f} > {t.artefact_alpha})")
+        evidence["mixture_unverified"] = (
+            f"k-means finds no more structure than in one Gaussian population of the "
+            f"same shape (mixture null p = {p:.2f} > {t.artefact_alpha})"
+        )
         return None
-    why = "; ".join(["globally anisotropic, locally isotropic: every cluster has a smaller top-1 share and a "
-                     "larger effective rank than the whole corpus"] * local + [
-        f"a global mean would leave one cluster with induced anisotropy {worst:.3f} ≥ {t.induced_A_max}"
-    ] * (worst >= t.induced_A_max))
-    return Recommendation(Method.CLUSTER_RECENTER, k=len(rows), reasons=[
-        f"the corpus is a mixture of {len(rows)} clusters ({why}); subtract each cluster's own mean "
-        "(chapter 7: the mean belongs to nobody); it deletes no direction"])
+    why = "; ".join(
+        [
+            "globally anisotropic, locally isotropic: every cluster has a smaller top-1 share and a "
+            "larger effective rank than the whole corpus"
+        ]
+        * local
+        + [f"a global mean would leave one cluster with induced anisotropy {worst:.3f} ≥ {t.induced_A_max}"]
+        * (worst >= t.induced_A_max)
+    )
+    return Recommendation(
+        Method.CLUSTER_RECENTER,
+        k=len(rows),
+        reasons=[
+            f"the corpus is a mixture of {len(rows)} clusters ({why}); subtract each cluster's own mean "
+            "(chapter 7: the mean belongs to nobody); it deletes no direction"
+        ],
+    )
 
 
 def _label_guards(rec: Recommendation, rows: list[ArtefactDirection], t: DecisionThresholds) -> None:
     """Warn about every direction labels significantly separate along."""
     u1 = next((r for r in rows if int(r["index"]) == 1), None)
     column, corr = max_abs_corr(u1) if u1 else (None, 0.0)
-    rec.evidence.update(label_separation=u1.get("label_separation") if u1 else None, artefact_column=column,
-                        artefact_abs_corr=corr if column else None)
+    rec.evidence.update(
+        label_separation=u1.get("label_separation") if u1 else None,
+        artefact_column=column,
+        artefact_abs_corr=corr if column else None,
+    )
     for row in (r for r in rows if carries_label(r, t)):
         j = int(row["index"])
         column, corr = max_abs_corr(row)
-        both = (f"; u{j} also correlates with {column} (|corr| = {corr:.2f}): it is artefact and signal at once, "
+        both = (
+            (
+                f"; u{j} also correlates with {column} (|corr| = {corr:.2f}): it is artefact and signal at once, "
                 "so neither deleting nor keeping it is right — consider cluster-wise correction"
-                ) if is_artefact(row, t) else ""
+            )
+            if is_artefact(row, t)
+            else ""
+        )
         rec.warnings.append(
             f"the direction may be the answer: labels separate along u{j} by {row['label_separation']:.2f} SDs of "
             f"its projection (≥ {t.label_separation}, permutation-adjusted p = {row['label_p_adjusted']:.3g}); "
-            f"removing u{j} would erase the label (chapter 7, failure one){both}")
+            f"removing u{j} would erase the label (chapter 7, failure one){both}"
+        )
 
 
 def _sample_warnings(rec: Recommendation, report: Diagnosis, t: DecisionThresholds) -> None:
     n, d = int(report.n), int(report.d)
     if n < t.min_n_per_d * d:
-        rec.warnings.append(f"n = {n} < {t.min_n_per_d:g}·d = {t.min_n_per_d * d:g}: the spectrum and any "
-                            "fitted transform are noisy (n should be ≫ d)")
+        rec.warnings.append(
+            f"n = {n} < {t.min_n_per_d:g}·d = {t.min_n_per_d * d:g}: the spectrum and any "
+            "fitted transform are noisy (n should be ≫ d)"
+        )
     if int(report.numerical_rank) < d:
         rec.warnings.append(f"rank collapse: only {report.numerical_rank} of {d} eigenvalues are nonzero")

@@ -5,6 +5,7 @@ returns every number of the seed's report plus the spectrum-level checks a caref
 the raw second-moment top-1 share, a rank-collapse count, the Marchenko–Pastur null edges and the
 number of eigenvalues above them, and the power-law slope of the spectrum.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,7 +23,7 @@ def anisotropy_from_offset(n: int, offset: float) -> float:
     """Exact average pairwise cosine A = (n‖μ̂‖² − 1)/(n − 1) (seed chapter 1 identity)."""
     if n < 2:
         raise ValueError(f"average pairwise cosine needs at least 2 vectors, got n={n}")
-    return (n * offset ** 2 - 1.0) / (n - 1.0)
+    return (n * offset**2 - 1.0) / (n - 1.0)
 
 
 def effective_rank(eigenvalues: np.ndarray) -> float:
@@ -119,9 +120,7 @@ def descending_eigh(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def canonical_columns(vecs: np.ndarray) -> np.ndarray:
     """(d, r) ``vecs`` with every column sign-canonicalised (:func:`canonical_sign`); r may be 0."""
-    return np.stack([canonical_sign(vecs[:, j]) for j in range(vecs.shape[1])], axis=1) if vecs.shape[1] \
-        else vecs
-
+    return np.stack([canonical_sign(vecs[:, j]) for j in range(vecs.shape[1])], axis=1) if vecs.shape[1] else vecs
 
 
 def centred_spectrum(state: Moments) -> tuple[np.ndarray, np.ndarray]:
@@ -255,8 +254,10 @@ def diagnose(data: Moments | np.ndarray) -> Diagnosis:
     lam, vecs = centred_spectrum(state)
     total = lam.sum()
     if total <= IDENTICAL_TOLERANCE * float(state.mean @ state.mean):
-        raise InvalidVectorsError(f"all {n} valid vectors are identical (zero spread): the centred spectrum is "
-                                  "zero and the shape is undefined")
+        raise InvalidVectorsError(
+            f"all {n} valid vectors are identical (zero spread): the centred spectrum is "
+            "zero and the shape is undefined"
+        )
     p = lam / total
     erank = effective_rank(lam)
     raw = np.linalg.eigvalsh(state.second_moment())
@@ -293,8 +294,9 @@ def project_on_u1(vectors: np.ndarray, report: Mapping) -> np.ndarray:
     return (np.asarray(vectors, dtype=np.float64) - report["mean"]) @ report["u1"]
 
 
-def artefact_test(projection: np.ndarray, numeric: Mapping[str, np.ndarray] | None = None,
-                  labels: np.ndarray | None = None) -> dict:
+def artefact_test(
+    projection: np.ndarray, numeric: Mapping[str, np.ndarray] | None = None, labels: np.ndarray | None = None
+) -> dict:
     """The seed's fifth number: is u1 an artefact (length, frequency) or the signal (a label)?
 
     ``projection``: (n,) projections on u1; ``numeric``: name → (n,) metadata column;

@@ -16,6 +16,7 @@ Metrics (binary relevance):
 * Spearman's ρ between two score lists (average ranks for ties), for (id_a, id_b, score) pair tables;
 * neighbourhood preservation: the share of a row's raw top-k that stays in its corrected top-k.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -23,7 +24,7 @@ from typing import Sequence
 import numpy as np
 
 NO_ID = -1
-DEFAULT_CELLS = 4_000_000   # scores held at once per block: m × rows ≤ this (32 MB of float64)
+DEFAULT_CELLS = 4_000_000  # scores held at once per block: m × rows ≤ this (32 MB of float64)
 
 
 def unit_rows(vectors: np.ndarray) -> np.ndarray:
@@ -46,16 +47,22 @@ def _best_k(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np
     return np.take_along_axis(scores, order, axis=1), np.take_along_axis(ids, order, axis=1)
 
 
-def merge_top_k(left: tuple[np.ndarray, np.ndarray], right: tuple[np.ndarray, np.ndarray]
-                ) -> tuple[np.ndarray, np.ndarray]:
+def merge_top_k(
+    left: tuple[np.ndarray, np.ndarray], right: tuple[np.ndarray, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
     """Top-k of the union of two partial lists (each (scores (m, k), ids (m, k))); k taken from ``left``."""
     k = left[0].shape[1]
     return _best_k(np.concatenate([left[0], right[0]], axis=1), np.concatenate([left[1], right[1]], axis=1), k)
 
 
-def block_top_k(unit_queries: np.ndarray, docs: np.ndarray, doc_ids: np.ndarray, k: int,
-                query_ids: np.ndarray | None = None, max_cells: int = DEFAULT_CELLS
-                ) -> tuple[np.ndarray, np.ndarray]:
+def block_top_k(
+    unit_queries: np.ndarray,
+    docs: np.ndarray,
+    doc_ids: np.ndarray,
+    k: int,
+    query_ids: np.ndarray | None = None,
+    max_cells: int = DEFAULT_CELLS,
+) -> tuple[np.ndarray, np.ndarray]:
     """Partial top-k by cosine of ``unit_queries`` (m, d) (unit rows) over one block ``docs`` (B, d).
 
     ``doc_ids``: (B,) int64. ``query_ids``: (m,) int64 or None; when given, a document whose id equals the
@@ -68,13 +75,16 @@ def block_top_k(unit_queries: np.ndarray, docs: np.ndarray, doc_ids: np.ndarray,
     step = max(1, max_cells // max(m, 1))
     ids = np.asarray(doc_ids, dtype=np.int64)
     for start in range(0, docs.shape[0], step):
-        chunk_ids = ids[start:start + step]
-        scores = unit_queries @ unit_rows(docs[start:start + step]).T              # (m, slice)
+        chunk_ids = ids[start : start + step]
+        scores = unit_queries @ unit_rows(docs[start : start + step]).T  # (m, slice)
         if query_ids is not None:
             scores[np.asarray(query_ids)[:, None] == chunk_ids[None, :]] = -np.inf
         width = min(k, scores.shape[1])
-        part = np.argpartition(-scores, width - 1, axis=1)[:, :width] if width < scores.shape[1] else \
-            np.broadcast_to(np.arange(scores.shape[1]), scores.shape)
+        part = (
+            np.argpartition(-scores, width - 1, axis=1)[:, :width]
+            if width < scores.shape[1]
+            else np.broadcast_to(np.arange(scores.shape[1]), scores.shape)
+        )
         picked = np.take_along_axis(scores, part, axis=1)
         best = merge_top_k(best, (picked, chunk_ids[part]))
     return best
@@ -93,8 +103,10 @@ def per_query_ndcg(retrieved: np.ndarray, relevant: Sequence[np.ndarray]) -> np.
     k = retrieved.shape[1]
     discount = 1.0 / np.log2(np.arange(2, k + 2))
     hits = _hits(retrieved, relevant)
-    return np.array([(row * discount).sum() / discount[:min(k, len(rel))].sum() for row, rel in zip(hits, relevant)],
-                    dtype=np.float64)
+    return np.array(
+        [(row * discount).sum() / discount[: min(k, len(rel))].sum() for row, rel in zip(hits, relevant)],
+        dtype=np.float64,
+    )
 
 
 def recall_at_k(retrieved: np.ndarray, relevant: Sequence[np.ndarray]) -> float:

@@ -21,6 +21,7 @@ s → −∞ (seed: the scalar flow's L(s) = −s²r²/2 + d log s, optimum s = 
 (:meth:`Flow.backward`, checked against finite differences in the tests) and the parameters move by Adam.
 The inverse is exact and closed-form: z → x runs the layers backwards using m in the forward direction.
 """
+
 from __future__ import annotations
 
 import math
@@ -52,7 +53,7 @@ def standard_normal_density(z: np.ndarray) -> np.ndarray:
 def scalar_flow_objective(s: float, radius: float, d: int) -> float:
     """Seed ch. 5's one-parameter flow f⁻¹(u) = s·u on one point of norm r in d dimensions:
     L(s) = −s²r²/2 + d·log s (the log-likelihood without its constant)."""
-    return -(s * radius) ** 2 / 2.0 + d * math.log(s)
+    return -((s * radius) ** 2) / 2.0 + d * math.log(s)
 
 
 def scalar_flow_optimum(radius: float, d: int) -> float:
@@ -93,8 +94,10 @@ def init_parameters(arch: FlowArchitecture, sample: np.ndarray, seed: int = 0) -
     rng = np.random.default_rng(seed)
     std = np.asarray(sample, dtype=np.float64).std(axis=0)
     if not (std > 0).all():
-        raise ValueError(f"coordinate {int(np.argmin(std > 0))} is constant in the training sample: "
-                         "its scale (and the flow's density) is undefined")
+        raise ValueError(
+            f"coordinate {int(np.argmin(std > 0))} is constant in the training sample: "
+            "its scale (and the flow's density) is undefined"
+        )
     params = {}
     for i in range(k + 1):
         params[f"actnorm{i}_log_scale"] = -np.log(std) if i == 0 else np.zeros(d)
@@ -105,8 +108,9 @@ def init_parameters(arch: FlowArchitecture, sample: np.ndarray, seed: int = 0) -
         params[f"coupling{j}_W2"] = np.zeros((width, d - h))
         params[f"coupling{j}_c2"] = np.zeros(d - h)
         params[f"coupling{j}_L"] = np.zeros((h, d - h))
-    params["permutations"] = np.stack([np.arange(d)[::-1] if j == 0 else rng.permutation(d)
-                                       for j in range(k)]).astype(np.float64)
+    params["permutations"] = np.stack([np.arange(d)[::-1] if j == 0 else rng.permutation(d) for j in range(k)]).astype(
+        np.float64
+    )
     return params
 
 
@@ -118,8 +122,11 @@ class Flow:
         self.params = params
         perms = np.asarray(params["permutations"])
         self.perms = perms.astype(np.int64)
-        if perms.shape != (arch.couplings, arch.d) or not np.array_equal(self.perms, perms) or any(
-                not np.array_equal(np.sort(p), np.arange(arch.d)) for p in self.perms):
+        if (
+            perms.shape != (arch.couplings, arch.d)
+            or not np.array_equal(self.perms, perms)
+            or any(not np.array_equal(np.sort(p), np.arange(arch.d)) for p in self.perms)
+        ):
             raise ValueError(f"permutations must be {arch.couplings} permutations of range({arch.d})")
 
     def log_det(self) -> float:
@@ -139,7 +146,7 @@ class Flow:
     def forward(self, x: np.ndarray, keep: bool = False):
         """x (B, d) centred → z (B, d). With ``keep`` also returns the per-layer inputs for :meth:`backward`."""
         h = self.arch.split
-        tape: list[Any] = []     # per coupling: its input (B, d), then (permuted activations, hidden); last: z's input
+        tape: list[Any] = []  # per coupling: its input (B, d), then (permuted activations, hidden); last: z's input
         y = x
         for j in range(self.arch.couplings):
             tape.append(y)
@@ -174,26 +181,26 @@ class Flow:
         z, tape = self.forward(x, keep=True)
         batch = x.shape[0]
         grads: dict[str, np.ndarray] = {}
-        g = z / batch                                                 # ∂(mean ‖z‖²/2)/∂z
+        g = z / batch  # ∂(mean ‖z‖²/2)/∂z
         y = tape.pop()
         scale = np.exp(p[f"actnorm{k}_log_scale"])
-        grads[f"actnorm{k}_log_scale"] = (g * y * scale).sum(axis=0) - 1.0   # −1: the log-det term
+        grads[f"actnorm{k}_log_scale"] = (g * y * scale).sum(axis=0) - 1.0  # −1: the log-det term
         grads[f"actnorm{k}_bias"] = g.sum(axis=0)
         g = g * scale
         for j in reversed(range(k)):
             y, hidden = tape.pop()
             a = y[:, :h]
-            g_shift = g[:, h:]                                        # ∂/∂m(a) = ∂/∂b_out
+            g_shift = g[:, h:]  # ∂/∂m(a) = ∂/∂b_out
             grads[f"coupling{j}_W2"] = hidden.T @ g_shift
             grads[f"coupling{j}_c2"] = g_shift.sum(axis=0)
             grads[f"coupling{j}_L"] = a.T @ g_shift
-            g_pre = (g_shift @ p[f"coupling{j}_W2"].T) * (1.0 - hidden ** 2)
+            g_pre = (g_shift @ p[f"coupling{j}_W2"].T) * (1.0 - hidden**2)
             grads[f"coupling{j}_W1"] = a.T @ g_pre
             grads[f"coupling{j}_c1"] = g_pre.sum(axis=0)
             g_a = g[:, :h] + g_pre @ p[f"coupling{j}_W1"].T + g_shift @ p[f"coupling{j}_L"].T
             g = np.concatenate([g_a, g_shift], axis=1)
             unpermuted = np.empty_like(g)
-            unpermuted[:, self.perms[j]] = g                         # through the permutation
+            unpermuted[:, self.perms[j]] = g  # through the permutation
             g = unpermuted
             before = tape.pop()
             scale = np.exp(p[f"actnorm{j}_log_scale"])
@@ -217,10 +224,15 @@ class TrainingLog:
     final_nll: float
 
 
-def train_flow(sample: np.ndarray, couplings: int = FlowSettings.couplings, hidden: int = FlowSettings.hidden,
-               steps: int = FlowSettings.steps, batch_size: int = FlowSettings.batch_size,
-               learning_rate: float = FlowSettings.learning_rate,
-               seed: int = FlowSettings.seed) -> tuple[Flow, np.ndarray, TrainingLog]:
+def train_flow(
+    sample: np.ndarray,
+    couplings: int = FlowSettings.couplings,
+    hidden: int = FlowSettings.hidden,
+    steps: int = FlowSettings.steps,
+    batch_size: int = FlowSettings.batch_size,
+    learning_rate: float = FlowSettings.learning_rate,
+    seed: int = FlowSettings.seed,
+) -> tuple[Flow, np.ndarray, TrainingLog]:
     """Fit a flow to ``sample`` (n, d) raw vectors by maximum likelihood with Adam (β = 0.9, 0.999), the step
     size following a cosine schedule from ``learning_rate`` down to 0 (the last steps settle instead of
     jittering around the optimum at full step size).
@@ -245,13 +257,13 @@ def train_flow(sample: np.ndarray, couplings: int = FlowSettings.couplings, hidd
     flow = Flow(arch, init_parameters(arch, centred, seed))
     initial = flow.nll(centred)
     rng = np.random.default_rng(seed + 1)
-    first: dict[str, np.ndarray] = {}     # Adam's moment estimates per parameter
+    first: dict[str, np.ndarray] = {}  # Adam's moment estimates per parameter
     second: dict[str, np.ndarray] = {}
     for step in range(1, steps + 1):
         batch = centred[rng.choice(n, size=min(batch_size, n), replace=False)]
         _, grads = flow.backward(batch)
-        decay = 0.5 * (1.0 + math.cos(math.pi * (step - 1) / steps))                    # cosine schedule
-        step_size = decay * learning_rate * math.sqrt(1 - 0.999 ** step) / (1 - 0.9 ** step)   # bias-corrected
+        decay = 0.5 * (1.0 + math.cos(math.pi * (step - 1) / steps))  # cosine schedule
+        step_size = decay * learning_rate * math.sqrt(1 - 0.999**step) / (1 - 0.9**step)  # bias-corrected
         for name, grad in grads.items():
             first[name] = 0.9 * first.get(name, 0.0) + 0.1 * grad
             second[name] = 0.999 * second.get(name, 0.0) + 0.001 * grad * grad
@@ -282,8 +294,12 @@ class FlowTransform(FittedTransform):
         self.training = dict(training or {})
 
     def params(self):
-        return {"couplings": self.flow.arch.couplings, "hidden": self.flow.arch.hidden,
-                "split": self.flow.arch.split, **self.training}
+        return {
+            "couplings": self.flow.arch.couplings,
+            "hidden": self.flow.arch.hidden,
+            "split": self.flow.arch.split,
+            **self.training,
+        }
 
     def arrays(self):
         return {"mean": self.mean, **self.flow.params}
@@ -307,11 +323,27 @@ class FlowTransform(FittedTransform):
         return self.flow.inverse(z) + self.mean
 
 
-def fit_flow(sample: np.ndarray, couplings: int = FlowSettings.couplings, hidden: int = FlowSettings.hidden,
-             steps: int = FlowSettings.steps, batch_size: int = FlowSettings.batch_size,
-             learning_rate: float = FlowSettings.learning_rate, seed: int = FlowSettings.seed) -> FlowTransform:
+def fit_flow(
+    sample: np.ndarray,
+    couplings: int = FlowSettings.couplings,
+    hidden: int = FlowSettings.hidden,
+    steps: int = FlowSettings.steps,
+    batch_size: int = FlowSettings.batch_size,
+    learning_rate: float = FlowSettings.learning_rate,
+    seed: int = FlowSettings.seed,
+) -> FlowTransform:
     """Train a flow on the raw ``sample`` (n, d) (see :func:`train_flow`) and wrap it as a fitted transform."""
     flow, mean, log = train_flow(sample, couplings, hidden, steps, batch_size, learning_rate, seed)
-    return FlowTransform(mean, flow, {"sample_size": log.n, "steps": log.steps, "batch_size": log.batch_size,
-                                      "learning_rate": log.learning_rate, "seed": int(seed),
-                                      "initial_nll": log.initial_nll, "final_nll": log.final_nll})
+    return FlowTransform(
+        mean,
+        flow,
+        {
+            "sample_size": log.n,
+            "steps": log.steps,
+            "batch_size": log.batch_size,
+            "learning_rate": log.learning_rate,
+            "seed": int(seed),
+            "initial_nll": log.initial_nll,
+            "final_nll": log.final_nll,
+        },
+    )

@@ -38,6 +38,7 @@ Query side::
     searcher = Searcher.load("/indexes/corpus")        # CURRENT → index + its transform
     ids, scores = searcher.search(raw_queries, k=10)   # (m, d_in) raw → (m, k) int64 ids, (m, k) cosines
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -63,7 +64,7 @@ from .transforms import FittedTransform
 
 FORMAT = "anisotropy-index"
 FORMAT_VERSION = 1
-ONDISK_FORMAT_VERSION = 2           # an index whose inverted lists are the ``.ivfdata`` file next to it
+ONDISK_FORMAT_VERSION = 2  # an index whose inverted lists are the ``.ivfdata`` file next to it
 CURRENT = "CURRENT"
 MANIFEST = "manifest.json"
 INDEX_FILE = "index.faiss"
@@ -124,8 +125,10 @@ def train_index(factory: str, sample: np.ndarray) -> faiss.Index:
     try:
         index = faiss.index_factory(sample.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as exc:
-        raise ValueError(f"faiss rejects the factory string {factory!r} at d = {sample.shape[1]}: "
-                         f"{str(exc).strip().splitlines()[-1]}") from None
+        raise ValueError(
+            f"faiss rejects the factory string {factory!r} at d = {sample.shape[1]}: "
+            f"{str(exc).strip().splitlines()[-1]}"
+        ) from None
     nlist = ivf_of(index).nlist if is_ivf(index) else 1
     if sample.shape[0] < nlist:
         raise ValueError(f"index {factory!r} has {nlist} lists but the training sample only {sample.shape[0]} rows")
@@ -269,12 +272,13 @@ def merge_shards_ondisk(trained: faiss.Index, shard_files: Sequence[str], ivfdat
     lists.this.disown()  # type: ignore[attr-defined]  # owned by the index now (SWIG proxy attribute)
     ivf.ntotal = ntotal
     trained.ntotal = ntotal
-    del sources, shards                   # unmaps the shards
+    del sources, shards  # unmaps the shards
     return trained
 
 
-def search_excluding(index: faiss.Index, queries: np.ndarray, k: int,
-                     exclude: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def search_excluding(
+    index: faiss.Index, queries: np.ndarray, k: int, exclude: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(scores (m, k), ids (m, k)) of the unit rows of ``queries``; ``exclude`` (m,): a query's own id is never
     returned (k + 1 are searched and the query's id dropped). Missing results: id ``NO_ID``, score −inf."""
     x = unit_float32(queries)
@@ -300,16 +304,23 @@ def recall_against(found: np.ndarray, exact: np.ndarray) -> float:
     return recall_at_k(found[keep], [relevant[i] for i in keep])
 
 
-def nprobe_curve(index: faiss.Index, queries: np.ndarray, exact: np.ndarray, k: int,
-                 exclude: np.ndarray | None = None, nprobes: Sequence[int] = NPROBES) -> list[dict]:
+def nprobe_curve(
+    index: faiss.Index,
+    queries: np.ndarray,
+    exact: np.ndarray,
+    k: int,
+    exclude: np.ndarray | None = None,
+    nprobes: Sequence[int] = NPROBES,
+) -> list[dict]:
     """[{"nprobe", "recall"}…]: recall@k of ``index`` against the ``exact`` (m, k) ids for each nprobe of
     ``nprobes`` up to the index's nlist (one entry for an index without lists); stops once recall is 1."""
     limit = ivf_of(index).nlist if is_ivf(index) else 1
     curve = []
     for nprobe in [p for p in nprobes if p <= limit] or [limit]:
         set_nprobe(index, nprobe)
-        curve.append({"nprobe": int(nprobe), "recall": recall_against(search_excluding(index, queries, k, exclude)[1],
-                                                                       exact)})
+        curve.append(
+            {"nprobe": int(nprobe), "recall": recall_against(search_excluding(index, queries, k, exclude)[1], exact)}
+        )
         if curve[-1]["recall"] >= 1.0:
             break
     return curve
@@ -327,8 +338,9 @@ def imbalance_factor(index: faiss.Index) -> float | None:
     return None if lists is None else float(lists.imbalance_factor())
 
 
-def index_quality(index: faiss.Index, queries: np.ndarray, exact: np.ndarray, k: int, nprobe: int,
-                  exclude: np.ndarray | None = None) -> dict:
+def index_quality(
+    index: faiss.Index, queries: np.ndarray, exact: np.ndarray, k: int, nprobe: int, exclude: np.ndarray | None = None
+) -> dict:
     """{"imbalance_factor", "recall@k", "search_seconds", "queries", "nprobe"}: the list-size imbalance, the recall
     against the ``exact`` ids in the index's own space and the wall time of searching ``queries`` (m, d) at
     ``nprobe``."""
@@ -336,8 +348,13 @@ def index_quality(index: faiss.Index, queries: np.ndarray, exact: np.ndarray, k:
     start = time.perf_counter()
     _, found = search_excluding(index, queries, k, exclude)
     seconds = time.perf_counter() - start
-    return {"imbalance_factor": imbalance_factor(index), f"recall@{k}": recall_against(found, exact),
-            "search_seconds": seconds, "queries": int(len(queries)), "nprobe": int(nprobe)}
+    return {
+        "imbalance_factor": imbalance_factor(index),
+        f"recall@{k}": recall_against(found, exact),
+        "search_seconds": seconds,
+        "queries": int(len(queries)),
+        "nprobe": int(nprobe),
+    }
 
 
 def content_hash(manifest: dict, payload: bytes) -> str:
@@ -348,22 +365,44 @@ def content_hash(manifest: dict, payload: bytes) -> str:
     return digest.hexdigest()
 
 
-def build_manifest(index: faiss.Index, factory: str, nprobe: int, curve: list[dict], payload: bytes,
-                   built_from: dict | None, transform_version: str | None, verification: dict) -> dict:
+def build_manifest(
+    index: faiss.Index,
+    factory: str,
+    nprobe: int,
+    curve: list[dict],
+    payload: bytes,
+    built_from: dict | None,
+    transform_version: str | None,
+    verification: dict,
+) -> dict:
     """The manifest of ``index`` (serialised as ``payload``); see the module docstring. An index merged on disk
     gets format_version 2 and the size and sha256 of its ``.ivfdata`` file (streamed, not loaded)."""
-    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "factory": factory,
-                "nlist": int(ivf_of(index).nlist) if is_ivf(index) else None, "nprobe": int(nprobe),
-                "nprobe_curve": curve, "d": int(index.d), "n": int(index.ntotal), "metric": METRIC,
-                "normalized": True, "built_from": built_from, "transform_version": transform_version,
-                "verification": verification}
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "factory": factory,
+        "nlist": int(ivf_of(index).nlist) if is_ivf(index) else None,
+        "nprobe": int(nprobe),
+        "nprobe_curve": curve,
+        "d": int(index.d),
+        "n": int(index.ntotal),
+        "metric": METRIC,
+        "normalized": True,
+        "built_from": built_from,
+        "transform_version": transform_version,
+        "verification": verification,
+    }
     data = ivfdata_file(index)
     if data is not None:
         manifest["format_version"] = ONDISK_FORMAT_VERSION
         manifest["ivfdata"] = {"file": IVFDATA_FILE, "bytes": storage.size(data), "sha256": storage.sha256(data)}
     sha = content_hash(manifest, payload)
-    return {**manifest, "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "content_sha256": sha, "index_version": f"index-{sha[:12]}"}
+    return {
+        **manifest,
+        "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "content_sha256": sha,
+        "index_version": f"index-{sha[:12]}",
+    }
 
 
 def current_version(index_dir: str) -> str | None:
@@ -381,15 +420,20 @@ def save_index(index_dir: str, index: faiss.Index, manifest: dict, transform: Ar
     if (data is None) != (manifest.get("ivfdata") is None):
         raise ValueError("the manifest's ivfdata and the index's inverted lists (in memory or on disk) disagree")
     folder = storage.join(index_dir, manifest["index_version"])
-    if data is not None:                   # streamed: the lists are never loaded
+    if data is not None:  # streamed: the lists are never loaded
         storage.upload_file(data, storage.join(folder, manifest["ivfdata"]["file"]))
     storage.write_atomic(storage.join(folder, INDEX_FILE), to_bytes(index))
     if transform is not None:
-        copied = save_artifact(storage.join(folder, TRANSFORM_DIR), transform.transform, transform.manifest["n"],
-                               transform.manifest["fitted_on"])
+        copied = save_artifact(
+            storage.join(folder, TRANSFORM_DIR),
+            transform.transform,
+            transform.manifest["n"],
+            transform.manifest["fitted_on"],
+        )
         if copied["transform_version"] != transform.transform_version:
-            raise ArtifactError(f"the copy of transform {transform.transform_version} hashes to "
-                                f"{copied['transform_version']}")
+            raise ArtifactError(
+                f"the copy of transform {transform.transform_version} hashes to {copied['transform_version']}"
+            )
     storage.write_atomic(storage.join(folder, MANIFEST), json.dumps(manifest, indent=2, sort_keys=True))
     return folder
 
@@ -440,33 +484,42 @@ class Searcher:
             payload = storage.read_bytes(storage.join(folder, INDEX_FILE))
         except (OSError, ValueError) as exc:
             raise IndexArtifactError(f"{folder}: unreadable index ({type(exc).__name__}: {exc})") from exc
-        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT \
-                or manifest.get("format_version") not in (FORMAT_VERSION, ONDISK_FORMAT_VERSION) \
-                or (manifest.get("format_version") == ONDISK_FORMAT_VERSION) != isinstance(manifest.get("ivfdata"),
-                                                                                             dict):
+        if (
+            not isinstance(manifest, dict)
+            or manifest.get("format") != FORMAT
+            or manifest.get("format_version") not in (FORMAT_VERSION, ONDISK_FORMAT_VERSION)
+            or (manifest.get("format_version") == ONDISK_FORMAT_VERSION) != isinstance(manifest.get("ivfdata"), dict)
+        ):
             raise IndexArtifactError(f"{folder}: not a {FORMAT} v{FORMAT_VERSION} or v{ONDISK_FORMAT_VERSION} index")
         sha = content_hash(manifest, payload)
         if sha != manifest.get("content_sha256") or manifest.get("index_version") != f"index-{sha[:12]}":
-            raise IndexArtifactError(f"{folder}: content hash mismatch (index modified or corrupt); manifest says "
-                                     f"{manifest.get('content_sha256')}, content is {sha}")
+            raise IndexArtifactError(
+                f"{folder}: content hash mismatch (index modified or corrupt); manifest says "
+                f"{manifest.get('content_sha256')}, content is {sha}"
+            )
         with _local_ivfdata(folder, manifest.get("ivfdata")) as data:
             try:
                 index = from_bytes(payload, data)
             except (RuntimeError, ValueError) as exc:
                 raise IndexArtifactError(f"{folder}: faiss cannot read the index ({exc})") from exc
         if (index.d, index.ntotal) != (manifest["d"], manifest["n"]):
-            raise IndexArtifactError(f"{folder}: the index holds {index.ntotal} × {index.d}, the manifest says "
-                                     f"{manifest['n']} × {manifest['d']}")
+            raise IndexArtifactError(
+                f"{folder}: the index holds {index.ntotal} × {index.d}, the manifest says "
+                f"{manifest['n']} × {manifest['d']}"
+            )
         transform = None
         if manifest["transform_version"] is not None:
             artifact = load_artifact(storage.join(folder, TRANSFORM_DIR))
             if artifact.transform_version != manifest["transform_version"]:
-                raise IndexArtifactError(f"{folder}: transform {artifact.transform_version} is not the "
-                                         f"{manifest['transform_version']} the index was built with")
+                raise IndexArtifactError(
+                    f"{folder}: transform {artifact.transform_version} is not the "
+                    f"{manifest['transform_version']} the index was built with"
+                )
             transform = artifact.transform
             if transform.d_out != index.d:
-                raise IndexArtifactError(f"{folder}: transform outputs dimension {transform.d_out}, the index holds "
-                                         f"dimension {index.d}")
+                raise IndexArtifactError(
+                    f"{folder}: transform outputs dimension {transform.d_out}, the index holds dimension {index.d}"
+                )
         set_nprobe(index, manifest["nprobe"])
         searcher = cls(index, manifest, transform, folder)
         if expected_dimension is not None:
@@ -479,10 +532,10 @@ class Searcher:
             raise IndexArtifactError(
                 f"queries have dimension {d} but index {self.manifest['index_version']} at {self.location} was "
                 f"built for dimension {self.dimension} (built from {self.manifest['built_from']}); rebuild the index "
-                f"for the new dimension")
+                f"for the new dimension"
+            )
 
-    def search(self, raw_queries: np.ndarray, k: int = 10,
-               nprobe: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, raw_queries: np.ndarray, k: int = 10, nprobe: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(ids (m, k) int64, scores (m, k) float64 cosines) of raw queries (m, d_in) (one query: (d_in,)): the
         transform, then L2-normalisation, then the index at ``nprobe`` (default: the manifest's). Missing
         results (fewer than k vectors reachable): id −1, score −inf."""
@@ -491,8 +544,14 @@ class Searcher:
         return search_raw(self.index, self.transform, queries, k, self.manifest["nprobe"] if nprobe is None else nprobe)
 
 
-def search_raw(index: faiss.Index, transform: FittedTransform | None, raw_queries: np.ndarray, k: int, nprobe: int,
-               exclude: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def search_raw(
+    index: faiss.Index,
+    transform: FittedTransform | None,
+    raw_queries: np.ndarray,
+    k: int,
+    nprobe: int,
+    exclude: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """What :meth:`Searcher.search` does with raw queries (m, d_in): ``transform`` (None: none), then
     L2-normalisation, then ``index`` at ``nprobe`` (``exclude``: see :func:`search_excluding`). Returns
     (ids (m, k), scores (m, k)). The index job's nDCG verification searches through this same function."""
@@ -531,9 +590,11 @@ def _local_ivfdata(folder: str, entry: dict | None) -> Iterator[str | None]:
         except OSError as exc:
             raise IndexArtifactError(f"{folder}: unreadable {name} ({type(exc).__name__}: {exc})") from exc
         if (size, sha) != (entry.get("bytes"), entry.get("sha256")):
-            raise IndexArtifactError(f"{folder}: content hash mismatch of {name} (modified or corrupt); manifest says "
-                                     f"{entry.get('bytes')} bytes, sha256 {entry.get('sha256')}; the file has "
-                                     f"{size} bytes, sha256 {sha}")
+            raise IndexArtifactError(
+                f"{folder}: content hash mismatch of {name} (modified or corrupt); manifest says "
+                f"{entry.get('bytes')} bytes, sha256 {entry.get('sha256')}; the file has "
+                f"{size} bytes, sha256 {sha}"
+            )
         yield local
     finally:
         if copy is not None:

@@ -16,6 +16,7 @@
 * :func:`uniformity`, :func:`alignment` — Wang & Isola (2020), seed chapter 7: uniformity of a sample of
   unit vectors (≈ −4(1 − A) when the cosines are tight around A) and alignment of positive pairs.
 """
+
 from __future__ import annotations
 
 from typing import Mapping
@@ -25,9 +26,9 @@ import numpy as np
 from .diagnostics import effective_rank
 from .moments import Moments
 
-NEGATIVE_TOLERANCE = 0.01   # "effectively non-negative": under 1 % of the entries are negative (seed ch. 8)
-ACTIVE_THRESHOLD = 1e-6     # an entry above this counts as an active feature
-SPARSE_RATE = 0.3           # below this activation rate the regime is reported 'sparse', above it 'dense'
+NEGATIVE_TOLERANCE = 0.01  # "effectively non-negative": under 1 % of the entries are negative (seed ch. 8)
+ACTIVE_THRESHOLD = 1e-6  # an entry above this counts as an active feature
+SPARSE_RATE = 0.3  # below this activation rate the regime is reported 'sparse', above it 'dense'
 
 
 def _logsumexp(a: np.ndarray, axis: int = 0) -> np.ndarray:
@@ -47,10 +48,14 @@ def partition_ratio(vectors: np.ndarray, centre: bool = False) -> dict:
     if centre:
         x = x - x.mean(axis=0)
     _, vecs = np.linalg.eigh(x.T @ x)
-    directions = np.concatenate([vecs, -vecs], axis=1)          # (d, 2d)
-    log_z = _logsumexp(x @ directions, axis=0)                  # (2d,)
-    return {"I": float(np.exp(log_z.min() - log_z.max())), "log_Z": log_z,
-            "argmin": int(np.argmin(log_z)), "argmax": int(np.argmax(log_z))}
+    directions = np.concatenate([vecs, -vecs], axis=1)  # (d, 2d)
+    log_z = _logsumexp(x @ directions, axis=0)  # (2d,)
+    return {
+        "I": float(np.exp(log_z.min() - log_z.max())),
+        "log_Z": log_z,
+        "argmin": int(np.argmin(log_z)),
+        "argmax": int(np.argmax(log_z)),
+    }
 
 
 def isoscore_from_spectrum(eigenvalues: np.ndarray) -> float:
@@ -68,7 +73,7 @@ def isoscore_from_spectrum(eigenvalues: np.ndarray) -> float:
         raise ValueError("IsoScore is undefined for a zero covariance (all points identical)")
     root = np.sqrt(d)
     defect = np.linalg.norm(lam * root / norm - 1.0) / np.sqrt(2.0 * (d - root))
-    return float(((d - defect ** 2 * (d - root)) ** 2 - d) / (d * (d - 1)))
+    return float(((d - defect**2 * (d - root)) ** 2 - d) / (d * (d - 1)))
 
 
 def isoscore(data: Moments | np.ndarray) -> float:
@@ -83,7 +88,7 @@ def isoscore(data: Moments | np.ndarray) -> float:
 
 def nonnegative_null(mean: float, second_moment: float) -> float:
     """Cosine of two unrelated vectors with iid non-negative coordinates: m² / s (large d)."""
-    return float(mean ** 2 / second_moment)
+    return float(mean**2 / second_moment)
 
 
 def sign_structure_null(vectors: np.ndarray) -> dict:
@@ -102,13 +107,27 @@ def sign_structure_null(vectors: np.ndarray) -> dict:
     """
     x = np.asarray(vectors, dtype=np.float64)
     negative = float((x < 0).mean())
-    out = {"nonnegative": negative < NEGATIVE_TOLERANCE, "negative_fraction": negative, "active_rate": None,
-           "K": None, "mean_coordinate": None, "second_moment": None, "regime": "sign-symmetric", "null": 0.0}
+    out = {
+        "nonnegative": negative < NEGATIVE_TOLERANCE,
+        "negative_fraction": negative,
+        "active_rate": None,
+        "K": None,
+        "mean_coordinate": None,
+        "second_moment": None,
+        "regime": "sign-symmetric",
+        "null": 0.0,
+    }
     if out["nonnegative"]:
         q = float((x > ACTIVE_THRESHOLD).mean())
         m, s = float(x.mean()), float(np.square(x).mean())
-        out.update(active_rate=q, K=q * x.shape[1], mean_coordinate=m, second_moment=s,
-                   regime="sparse" if q < SPARSE_RATE else "dense", null=nonnegative_null(m, s) if s > 0 else 0.0)
+        out.update(
+            active_rate=q,
+            K=q * x.shape[1],
+            mean_coordinate=m,
+            second_moment=s,
+            regime="sparse" if q < SPARSE_RATE else "dense",
+            null=nonnegative_null(m, s) if s > 0 else 0.0,
+        )
     return out
 
 
@@ -140,8 +159,11 @@ def null_effective_rank(n: int, d: int, trials: int = 3, seed: int = 0) -> dict:
         x = rng.standard_normal((n, d))
         x -= x.mean(axis=0)
         values.append(effective_rank(np.linalg.eigvalsh(x.T @ x / n)))
-    return {"mean": float(np.mean(values)), "sd": float(np.std(values, ddof=1)) if trials > 1 else 0.0,
-            "trials": trials}
+    return {
+        "mean": float(np.mean(values)),
+        "sd": float(np.std(values, ddof=1)) if trials > 1 else 0.0,
+        "trials": trials,
+    }
 
 
 def mp_effective_rank(n: int, d: int, grid: int = 4001) -> float:
@@ -167,8 +189,9 @@ def mp_effective_rank(n: int, d: int, grid: int = 4001) -> float:
     return float(d * np.exp(-(lam_log_lam / mean_lam - np.log(mean_lam))))
 
 
-def sampling_noise(report: Mapping, simulate_max_cells: int = 20_000_000, seed: int = 0, *,
-                   A_sign_null: float = 0.0) -> dict:
+def sampling_noise(
+    report: Mapping, simulate_max_cells: int = 20_000_000, seed: int = 0, *, A_sign_null: float = 0.0
+) -> dict:
     """Is the report's finding larger than isotropic sampling noise at its n and d?
 
     ``report``: a :func:`~anisotropy_core.diagnostics.diagnose` dict (uses n, d, anisotropy_A,
@@ -185,9 +208,14 @@ def sampling_noise(report: Mapping, simulate_max_cells: int = 20_000_000, seed: 
     else:
         null_erank, method = mp_effective_rank(n, d), "marchenko-pastur"
     a_z = (float(report["anisotropy_A"]) - float(A_sign_null or 0.0)) / se
-    return {"A_isotropic_se": se, "A_z": a_z, "A_exceeds_noise": bool(abs(a_z) > 3.0),
-            "null_effective_rank": null_erank, "null_effective_rank_method": method,
-            "erank_deficit": float(1.0 - report["effective_rank"] / null_erank)}
+    return {
+        "A_isotropic_se": se,
+        "A_z": a_z,
+        "A_exceeds_noise": bool(abs(a_z) > 3.0),
+        "null_effective_rank": null_erank,
+        "null_effective_rank_method": method,
+        "erank_deficit": float(1.0 - report["effective_rank"] / null_erank),
+    }
 
 
 def uniformity(vectors: np.ndarray, t: float = 2.0) -> dict:

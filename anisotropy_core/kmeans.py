@@ -13,6 +13,7 @@ as ``pyspark.ml.clustering.KMeans``.
 The cluster-wise recentering fitted on top of it lives in :mod:`anisotropy_core.cluster_recenter`, the
 per-cluster diagnosis table in :mod:`anisotropy_core.cluster_diagnostics`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -26,13 +27,13 @@ from .row_keys import row_ids, row_keys, split_row_ids
 
 METRICS = ("euclidean", "cosine")
 DEFAULT_MAX_ITER = ClusterRecenterSettings.max_iter
-DEFAULT_TOL = ClusterRecenterSettings.tol                 # relative inertia change below which Lloyd iterations stop
-DEFAULT_INIT_STEPS = ClusterRecenterSettings.init_steps   # k-means|| rounds
+DEFAULT_TOL = ClusterRecenterSettings.tol  # relative inertia change below which Lloyd iterations stop
+DEFAULT_INIT_STEPS = ClusterRecenterSettings.init_steps  # k-means|| rounds
 DEFAULT_OVERSAMPLING = 2.0  # k-means|| expected candidates per round = oversampling · k
-LOCAL_MAX_ITER = 30         # weighted Lloyd iterations on the k-means|| candidates (as Spark ML)
-DEFAULT_SAMPLE_SIZE = 1 << 17   # rows k-means is fitted on in one process before the full-table passes
-DEFAULT_REFINE_PASSES = 2       # full-table Lloyd passes that finish a sample fit
-DEFAULT_CORRECTED_ITER = 10     # bias-corrected sample updates after each full pass but the last
+LOCAL_MAX_ITER = 30  # weighted Lloyd iterations on the k-means|| candidates (as Spark ML)
+DEFAULT_SAMPLE_SIZE = 1 << 17  # rows k-means is fitted on in one process before the full-table passes
+DEFAULT_REFINE_PASSES = 2  # full-table Lloyd passes that finish a sample fit
+DEFAULT_CORRECTED_ITER = 10  # bias-corrected sample updates after each full pass but the last
 
 
 def check_metric(metric: str) -> str:
@@ -59,8 +60,9 @@ def prepare(vectors: np.ndarray, metric: str) -> np.ndarray:
     if check_metric(metric) == "cosine":
         norms = np.linalg.norm(x, axis=1)
         if not (norms > 0).all():
-            raise InvalidVectorsError(f"zero-length vector in batch row {int(np.argmin(norms > 0))}: "
-                                      "cosine distance is undefined")
+            raise InvalidVectorsError(
+                f"zero-length vector in batch row {int(np.argmin(norms > 0))}: cosine distance is undefined"
+            )
         return x / norms[:, None]
     return x.copy()
 
@@ -88,8 +90,9 @@ def distances(x: np.ndarray, centroids: np.ndarray, metric: str, x_sq: np.ndarra
     return np.maximum(out, 0.0, out=out)
 
 
-def assign(x: np.ndarray, centroids: np.ndarray, metric: str,
-           x_sq: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def assign(
+    x: np.ndarray, centroids: np.ndarray, metric: str, x_sq: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Nearest centroid of each prepared row: ``(ids (B,) int64, distance (B,))``; ties go to the lower id.
     ``x_sq``: optional (B,) precomputed ‖x‖² (Euclidean), see :func:`distances`."""
     dist = distances(x, centroids, metric, x_sq)
@@ -141,8 +144,14 @@ class ClusterState:
         return cls(np.zeros((k, d)), np.zeros(k), 0.0, np.zeros((0, d)), np.zeros(0))
 
     @classmethod
-    def of_batch(cls, x: np.ndarray, centroids: np.ndarray, metric: str,
-                 weights: np.ndarray | None = None, x_sq: np.ndarray | None = None) -> "ClusterState":
+    def of_batch(
+        cls,
+        x: np.ndarray,
+        centroids: np.ndarray,
+        metric: str,
+        weights: np.ndarray | None = None,
+        x_sq: np.ndarray | None = None,
+    ) -> "ClusterState":
         """State of prepared rows ``x`` (B, d) (see :func:`prepare`) against ``centroids`` (k, d).
 
         ``weights``: optional (B,) non-negative row weights (k-means|| candidates); default 1. ``x_sq``:
@@ -162,8 +171,9 @@ class ClusterState:
     def shifted(self, shift: np.ndarray) -> "ClusterState":
         """This state with every non-empty cluster's mean moved by ``shift`` (k, d): sums + counts · shift
         (counts, inertia and farthest points unchanged; an empty cluster stays empty)."""
-        return ClusterState(self.sums + self.counts[:, None] * shift, self.counts, self.inertia, self.far_points,
-                            self.far_dist)
+        return ClusterState(
+            self.sums + self.counts[:, None] * shift, self.counts, self.inertia, self.far_points, self.far_dist
+        )
 
     def merge(self, other: "ClusterState") -> "ClusterState":
         """Combine two states over disjoint rows (associative, commutative up to rounding)."""
@@ -172,8 +182,9 @@ class ClusterState:
         points = np.concatenate([self.far_points, other.far_points])
         dist = np.concatenate([self.far_dist, other.far_dist])
         order = _farthest(dist, points, self.k)
-        return ClusterState(self.sums + other.sums, self.counts + other.counts, self.inertia + other.inertia,
-                            points[order], dist[order])
+        return ClusterState(
+            self.sums + other.sums, self.counts + other.counts, self.inertia + other.inertia, points[order], dist[order]
+        )
 
     # --- wire format: flat float64 [k, d, m, inertia, counts…, sums…, far_dist…, far_points…] (no pickle) ---
 
@@ -184,8 +195,7 @@ class ClusterState:
 
     def to_bytes(self) -> bytes:
         head = np.array([self.k, self.d, self.far_dist.shape[0], self.inertia], dtype=np.float64)
-        return np.concatenate([head, self.counts, self.sums.ravel(), self.far_dist,
-                               self.far_points.ravel()]).tobytes()
+        return np.concatenate([head, self.counts, self.sums.ravel(), self.far_dist, self.far_points.ravel()]).tobytes()
 
     @classmethod
     def from_bytes(cls, payload: bytes) -> "ClusterState":
@@ -195,7 +205,7 @@ class ClusterState:
         if body.shape[0] != k + k * d + m + m * d:
             raise ValueError(f"corrupt cluster-state payload: {body.shape[0]} values for k={k}, d={d}, m={m}")
         counts, body = body[:k], body[k:]
-        sums, body = body[:k * d].reshape(k, d), body[k * d:]
+        sums, body = body[: k * d].reshape(k, d), body[k * d :]
         far_dist, body = body[:m], body[m:]
         return cls(sums.copy(), counts.copy(), float(flat[3]), body.reshape(m, d).copy(), far_dist.copy())
 
@@ -229,8 +239,10 @@ def update_centroids(state: ClusterState, centroids: np.ndarray, metric: str) ->
         new[live] /= norms[live, None]
     dead = [int(c) for c in np.flatnonzero(~live)]
     if len(dead) > state.far_points.shape[0]:
-        raise ValueError(f"{len(dead)} empty clusters but only {state.far_points.shape[0]} points to re-seed "
-                         "them from: k exceeds the number of rows")
+        raise ValueError(
+            f"{len(dead)} empty clusters but only {state.far_points.shape[0]} points to re-seed "
+            "them from: k exceeds the number of rows"
+        )
     for slot, cluster in enumerate(dead):
         new[cluster] = state.far_points[slot]
     return new, dead
@@ -262,8 +274,14 @@ Step = Callable[[ClusterState, np.ndarray, np.ndarray], np.ndarray]
 Refine = Callable[[np.ndarray, int, float, "Step | None"], KMeansResult]
 
 
-def lloyd(run_pass: PassFn, init: np.ndarray, metric: str, max_iter: int = DEFAULT_MAX_ITER,
-          tol: float = DEFAULT_TOL, step: Step | None = None) -> KMeansResult:
+def lloyd(
+    run_pass: PassFn,
+    init: np.ndarray,
+    metric: str,
+    max_iter: int = DEFAULT_MAX_ITER,
+    tol: float = DEFAULT_TOL,
+    step: Step | None = None,
+) -> KMeansResult:
     """Lloyd iterations from ``init`` (k, d), each one ``run_pass(centroids) → ClusterState``.
 
     Stops when the relative inertia change between consecutive passes is ≤ ``tol`` (and nothing was
@@ -279,17 +297,20 @@ def lloyd(run_pass: PassFn, init: np.ndarray, metric: str, max_iter: int = DEFAU
         state = run_pass(centroids)
         history.append(state.inertia)
         updated, reseeded = update_centroids(state, centroids, metric)
-        converged = not reseeded and (state.inertia == 0.0 or (
-            len(history) > 1 and abs(history[-2] - history[-1]) <= tol * history[-2]))
+        converged = not reseeded and (
+            state.inertia == 0.0 or (len(history) > 1 and abs(history[-2] - history[-1]) <= tol * history[-2])
+        )
         if converged or iteration == max_iter:
-            return KMeansResult(centroids, state.counts.round().astype(np.int64), state.inertia, iteration,
-                                converged, metric, history)
+            return KMeansResult(
+                centroids, state.counts.round().astype(np.int64), state.inertia, iteration, converged, metric, history
+            )
         centroids = updated if step is None else step(state, centroids, updated)
     raise AssertionError("unreachable")
 
 
-def kmeans_plus_plus(points: np.ndarray, k: int, metric: str, rng: np.random.Generator,
-                     weights: np.ndarray | None = None) -> np.ndarray:
+def kmeans_plus_plus(
+    points: np.ndarray, k: int, metric: str, rng: np.random.Generator, weights: np.ndarray | None = None
+) -> np.ndarray:
     """Greedy k-means++ seeding on prepared ``points`` (m, d) with optional (m,) ``weights``: (k, d) centroids.
 
     The first centre is drawn ∝ weight; for each next one, 2 + ⌊ln k⌋ candidates are drawn
@@ -337,18 +358,23 @@ def first_centre_candidate(x: np.ndarray, rng: np.random.Generator) -> tuple[flo
     return float(keys[best]), x[best]
 
 
-def oversample(x: np.ndarray, centroids: np.ndarray, metric: str, scale: float,
-               rng: np.random.Generator) -> np.ndarray:
+def oversample(x: np.ndarray, centroids: np.ndarray, metric: str, scale: float, rng: np.random.Generator) -> np.ndarray:
     """k-means|| round on prepared ``x`` (B, d): rows kept independently with probability
     min(1, scale · distance to ``centroids``), where scale = oversampling · k / current cost. (m, d)."""
     _, dist = assign(x, centroids, metric)
     return x[rng.random(x.shape[0]) < scale * dist].copy()
 
 
-def kmeans_parallel_init(first_centre: Callable[[], np.ndarray], run_pass: PassFn,
-                         sample: Callable[[np.ndarray, float, int], np.ndarray], k: int, metric: str,
-                         seed: int, init_steps: int = DEFAULT_INIT_STEPS,
-                         oversampling: float = DEFAULT_OVERSAMPLING) -> np.ndarray:
+def kmeans_parallel_init(
+    first_centre: Callable[[], np.ndarray],
+    run_pass: PassFn,
+    sample: Callable[[np.ndarray, float, int], np.ndarray],
+    k: int,
+    metric: str,
+    seed: int,
+    init_steps: int = DEFAULT_INIT_STEPS,
+    oversampling: float = DEFAULT_OVERSAMPLING,
+) -> np.ndarray:
     """k-means|| (Bahmani et al. 2012), as Spark ML runs it: (k, d) initial centroids.
 
     ``first_centre()`` → (d,) a uniformly random row; ``run_pass(C)`` → ClusterState (cost = inertia,
@@ -367,8 +393,9 @@ def kmeans_parallel_init(first_centre: Callable[[], np.ndarray], run_pass: PassF
     candidates, weights = candidates[keep], weights[keep]
     rng = np.random.default_rng([seed, init_steps + 1])
     init = kmeans_plus_plus(candidates, k, metric, rng, weights)
-    local = lloyd(lambda c: ClusterState.of_batch(candidates, c, metric, weights), init, metric,
-                  max_iter=LOCAL_MAX_ITER, tol=0.0)
+    local = lloyd(
+        lambda c: ClusterState.of_batch(candidates, c, metric, weights), init, metric, max_iter=LOCAL_MAX_ITER, tol=0.0
+    )
     return local.centroids
 
 
@@ -393,8 +420,9 @@ class KeyedSample:
     size: int
 
     @classmethod
-    def of_rows(cls, x: np.ndarray, seed: int, partition: int, first_row: int, size: int,
-                below: float = 1.0) -> "KeyedSample":
+    def of_rows(
+        cls, x: np.ndarray, seed: int, partition: int, first_row: int, size: int, below: float = 1.0
+    ) -> "KeyedSample":
         """Sample of rows ``x`` (B, d) of ``partition`` starting at row ``first_row``, keyed for ``seed``; only rows
         with key < ``below`` kept (see :func:`sample_threshold`)."""
         ids = row_ids(partition, first_row + np.arange(x.shape[0]))
@@ -414,8 +442,13 @@ class KeyedSample:
         if not len(other.keys) or not len(self.keys):
             kept = other if len(other.keys) else self
             return KeyedSample(kept.keys, kept.rows, kept.origin, self.n + other.n, self.size)
-        return self.of_candidates(np.concatenate([self.keys, other.keys]), np.concatenate([self.rows, other.rows]),
-                              np.concatenate([self.origin, other.origin]), self.n + other.n, self.size)
+        return self.of_candidates(
+            np.concatenate([self.keys, other.keys]),
+            np.concatenate([self.rows, other.rows]),
+            np.concatenate([self.origin, other.origin]),
+            self.n + other.n,
+            self.size,
+        )
 
     @property
     def complete(self) -> bool:
@@ -447,8 +480,9 @@ def sample_partitions(parts: Sequence[np.ndarray], seed: int, size: int) -> Keye
     return sample
 
 
-def blocks_state(blocks: Sequence[np.ndarray], squares: Sequence[np.ndarray], centroids: np.ndarray,
-                 metric: str) -> ClusterState:
+def blocks_state(
+    blocks: Sequence[np.ndarray], squares: Sequence[np.ndarray], centroids: np.ndarray, metric: str
+) -> ClusterState:
     """:class:`ClusterState` of prepared in-memory ``blocks`` (each (n_b, d)) against ``centroids`` (k, d),
     merged in block order; ``squares``: each block's (n_b,) :func:`row_norms_squared`, computed once."""
     state = ClusterState.empty(*centroids.shape)
@@ -457,8 +491,9 @@ def blocks_state(blocks: Sequence[np.ndarray], squares: Sequence[np.ndarray], ce
     return state
 
 
-def in_memory_passes(parts: Sequence[np.ndarray], metric: str, seed: int) -> tuple[
-        Callable[[], np.ndarray], PassFn, Callable[[np.ndarray, float, int], np.ndarray]]:
+def in_memory_passes(
+    parts: Sequence[np.ndarray], metric: str, seed: int
+) -> tuple[Callable[[], np.ndarray], PassFn, Callable[[np.ndarray, float, int], np.ndarray]]:
     """``(first_centre, run_pass, oversample)`` of :func:`kmeans_parallel_init` / :func:`lloyd` over prepared
     in-memory partitions ``parts`` (each (n_p, d)), partition ``i`` drawing from ``partition_rng(seed, ·, i)``."""
     squares = [row_norms_squared(p) for p in parts]
@@ -471,14 +506,22 @@ def in_memory_passes(parts: Sequence[np.ndarray], metric: str, seed: int) -> tup
         return min(keyed, key=lambda kv: kv[0])[1]
 
     def sample(centroids: np.ndarray, scale: float, round_: int) -> np.ndarray:
-        return np.concatenate([oversample(p, centroids, metric, scale, partition_rng(seed, round_, i))
-                               for i, p in enumerate(parts)])
+        return np.concatenate(
+            [oversample(p, centroids, metric, scale, partition_rng(seed, round_, i)) for i, p in enumerate(parts)]
+        )
 
     return first_centre, run_pass, sample
 
 
-def start_centroids(parts: Sequence[np.ndarray], k: int, metric: str, seed: int, init: np.ndarray | None,
-                    init_steps: int, oversampling: float) -> np.ndarray:
+def start_centroids(
+    parts: Sequence[np.ndarray],
+    k: int,
+    metric: str,
+    seed: int,
+    init: np.ndarray | None,
+    init_steps: int,
+    oversampling: float,
+) -> np.ndarray:
     """(k, d) Lloyd start for prepared in-memory ``parts``: ``init`` (prepared) or k-means|| on the parts."""
     if init is not None:
         start = prepare(init, metric).astype(np.float64)
@@ -517,9 +560,21 @@ def sample_corrected_step(sample_pass: PassFn, metric: str, iterations: int) -> 
     return step
 
 
-def sampled_kmeans(sample: KeyedSample, partition_count: int, refine: Refine, k: int, metric: str, seed: int,
-                   max_iter: int, tol: float, init: np.ndarray | None, init_steps: int, oversampling: float,
-                   refine_passes: int, corrected_iter: int = 0) -> KMeansResult:
+def sampled_kmeans(
+    sample: KeyedSample,
+    partition_count: int,
+    refine: Refine,
+    k: int,
+    metric: str,
+    seed: int,
+    max_iter: int,
+    tol: float,
+    init: np.ndarray | None,
+    init_steps: int,
+    oversampling: float,
+    refine_passes: int,
+    corrected_iter: int = 0,
+) -> KMeansResult:
     """k-means of a whole table from its :class:`KeyedSample` and ``refine(start, r, tol, step)``: r Lloyd passes
     over the whole table from ``start`` (k, d) (:func:`lloyd` with a full-table pass, wherever the table lives).
 
@@ -555,11 +610,20 @@ def sampled_kmeans(sample: KeyedSample, partition_count: int, refine: Refine, k:
     return result
 
 
-def kmeans(data: np.ndarray | Sequence[np.ndarray], k: int, metric: str = "euclidean", seed: int = 0,
-           max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL, init: np.ndarray | None = None,
-           init_steps: int = DEFAULT_INIT_STEPS, oversampling: float = DEFAULT_OVERSAMPLING,
-           sample_size: int = DEFAULT_SAMPLE_SIZE, refine_passes: int = DEFAULT_REFINE_PASSES,
-           corrected_iter: int = DEFAULT_CORRECTED_ITER) -> KMeansResult:
+def kmeans(
+    data: np.ndarray | Sequence[np.ndarray],
+    k: int,
+    metric: str = "euclidean",
+    seed: int = 0,
+    max_iter: int = DEFAULT_MAX_ITER,
+    tol: float = DEFAULT_TOL,
+    init: np.ndarray | None = None,
+    init_steps: int = DEFAULT_INIT_STEPS,
+    oversampling: float = DEFAULT_OVERSAMPLING,
+    sample_size: int = DEFAULT_SAMPLE_SIZE,
+    refine_passes: int = DEFAULT_REFINE_PASSES,
+    corrected_iter: int = DEFAULT_CORRECTED_ITER,
+) -> KMeansResult:
     """Numpy reference k-means, deterministic given ``seed``: :func:`sampled_kmeans` over in-memory data.
 
     ``data``: an (n, d) array or a sequence of (n_p, d) partitions — given the partitions of a Spark
@@ -572,6 +636,18 @@ def kmeans(data: np.ndarray | Sequence[np.ndarray], k: int, metric: str = "eucli
     parts = [data] if isinstance(data, np.ndarray) else list(data)
     prepared = [prepare(p, metric) for p in parts]
     full_pass = in_memory_passes(prepared, metric, seed)[1]
-    return sampled_kmeans(sample_partitions(parts, seed, sample_size), len(parts),
-                          lambda start, passes, stop, step: lloyd(full_pass, start, metric, passes, stop, step), k,
-                          metric, seed, max_iter, tol, init, init_steps, oversampling, refine_passes, corrected_iter)
+    return sampled_kmeans(
+        sample_partitions(parts, seed, sample_size),
+        len(parts),
+        lambda start, passes, stop, step: lloyd(full_pass, start, metric, passes, stop, step),
+        k,
+        metric,
+        seed,
+        max_iter,
+        tol,
+        init,
+        init_steps,
+        oversampling,
+        refine_passes,
+        corrected_iter,
+    )

@@ -13,6 +13,7 @@ Everything else is derived from these declarations (:meth:`MethodSettings.settin
 and constraint checks, and the Spark Params of each Estimator (camelCase names, :func:`param_name`, with a
 ``typeConverter`` that enforces the constraint: :mod:`anisotropy_spark.params`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,7 +52,7 @@ class Method(str, enum.Enum):
         return str, (self.value,)
 
 
-OutputDtype = Literal["same", "float32", "float64"]   # element type of corrected vectors: same = as the input's
+OutputDtype = Literal["same", "float32", "float64"]  # element type of corrected vectors: same = as the input's
 
 
 class SettingError(ValueError):
@@ -65,8 +66,9 @@ def param_name(key: str) -> str:
     return head + "".join(part[:1].upper() + part[1:] for part in rest)
 
 
-def setting(default: Any, doc: str, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
-            unit: str = "") -> Any:
+def setting(
+    default: Any, doc: str, *, ge: float | None = None, gt: float | None = None, le: float | None = None, unit: str = ""
+) -> Any:
     """A settings field: ``default``, what the setting does (``doc``), its bounds (on every item of a list) and
     the ``unit`` its bounds are stated in (e.g. ``bytes``)."""
     return dataclasses.field(default=default, metadata={"doc": doc, "ge": ge, "gt": gt, "le": le, "unit": unit})
@@ -133,9 +135,13 @@ class Setting:
         if self.choices is not None:
             ok = value in self.choices
         else:
-            ok = all(not (isinstance(v, float) and math.isnan(v))
-                     and (self.ge is None or v >= self.ge) and (self.gt is None or v > self.gt)
-                     and (self.le is None or v <= self.le) for v in items)
+            ok = all(
+                not (isinstance(v, float) and math.isnan(v))
+                and (self.ge is None or v >= self.ge)
+                and (self.gt is None or v > self.gt)
+                and (self.le is None or v <= self.le)
+                for v in items
+            )
         return None if ok else f"{name or self.key} must be {self.bounds()}, got {value!r}"
 
     def validate(self, value: Any, name: str | None = None) -> Any:
@@ -161,8 +167,9 @@ class MethodSettings:
     def settings(cls) -> tuple[Setting, ...]:
         """Every setting of this method, in declaration order."""
         hints = typing.get_type_hints(cls)
-        return tuple(Setting(f.name, hints[f.name], f.default, **f.metadata, method=cls.method)
-                     for f in dataclasses.fields(cls))
+        return tuple(
+            Setting(f.name, hints[f.name], f.default, **f.metadata, method=cls.method) for f in dataclasses.fields(cls)
+        )
 
     @classmethod
     def setting(cls, key: str) -> Setting:
@@ -182,11 +189,13 @@ class AbttSettings(MethodSettings):
     the given ``directions``."""
 
     method: ClassVar[Method] = Method.ABTT
-    D: int | None = setting(None, "directions removed; null = max(1, round(d/100)), at most max_D, recorded "
-                                  "unverified", ge=0)
+    D: int | None = setting(
+        None, "directions removed; null = max(1, round(d/100)), at most max_D, recorded unverified", ge=0
+    )
     max_D: int | None = setting(None, "cap on the default D; null = uncapped", ge=0)
-    directions: list[int] | None = setting(None, "1-based principal directions removed (overrides D); null = "
-                                                 "the top D", ge=1)
+    directions: list[int] | None = setting(
+        None, "1-based principal directions removed (overrides D); null = the top D", ge=1
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -194,14 +203,12 @@ class WhiteningSettings(MethodSettings):
     """Whitening-k (seed ch. 6): W = U_k Λ_k^-1/2 of the (shrunk) covariance."""
 
     method: ClassVar[Method] = Method.WHITENING
-    k: int | None = setting(None, "kept directions; null = d, or the rank n - 1 when n <= d without shrinkage",
-                            ge=1)
+    k: int | None = setting(None, "kept directions; null = d, or the rank n - 1 when n <= d without shrinkage", ge=1)
     shrinkage: float = setting(0.0, "α: Σ ← (1−α)Σ + α tr(Σ)/d I", ge=0, le=1)
     eps: float = setting(1e-12, "relative eigenvalue clamp: eigenvalues below eps · λ1 are raised to it", gt=0)
     zca: bool = setting(False, "symmetric W = UΛ^-1/2Uᵀ")
     normalize: bool = setting(False, "L2-normalise the output")
-    exclude: list[int] | None = setting(None, "1-based principal directions dropped first (ABTT then whitening)",
-                                        ge=1)
+    exclude: list[int] | None = setting(None, "1-based principal directions dropped first (ABTT then whitening)", ge=1)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -211,8 +218,7 @@ class AbttPcaAbttSettings(MethodSettings):
     method: ClassVar[Method] = Method.ABTT_PCA_ABTT
     D: int | None = setting(None, "directions removed first; null = max(1, round(d/100)), unverified", ge=0)
     k: int | None = setting(None, "PCA dimension kept; null = ceil(d/3)", ge=1)
-    D2: int | None = setting(None, "directions removed after the PCA; null = max(1, round(k/100)), unverified",
-                             ge=0)
+    D2: int | None = setting(None, "directions removed after the PCA; null = max(1, round(k/100)), unverified", ge=0)
     max_D: int | None = setting(None, "cap on the default D and D2; null = uncapped", ge=0)
 
 
@@ -229,8 +235,12 @@ class ClusterRecenterSettings(MethodSettings):
     max_iter: int = setting(50, "Lloyd iterations at most", ge=0)
     tol: float = setting(1e-4, "relative inertia change below which Lloyd iterations stop", ge=0)
     init_steps: int = setting(2, "k-means|| rounds (Spark ML's default initSteps)", ge=1)
-    task_memory: int = setting(0, "bytes of rows a task may hold to refine k-means in memory (barrier stage); "
-                                  "0 re-reads the table", ge=0, unit="bytes")
+    task_memory: int = setting(
+        0,
+        "bytes of rows a task may hold to refine k-means in memory (barrier stage); 0 re-reads the table",
+        ge=0,
+        unit="bytes",
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -248,9 +258,18 @@ class FlowSettings(MethodSettings):
     seed: int = setting(0, "random seed of the sample and the training")
 
 
-SETTINGS: dict[Method, type[MethodSettings]] = {s.method: s for s in (
-    CenterSettings, AbttSettings, WhiteningSettings, AbttPcaAbttSettings, ClusterRecenterSettings, FlowSettings)}
-CORRECTIONS = tuple(SETTINGS)     # every method but none
+SETTINGS: dict[Method, type[MethodSettings]] = {
+    s.method: s
+    for s in (
+        CenterSettings,
+        AbttSettings,
+        WhiteningSettings,
+        AbttPcaAbttSettings,
+        ClusterRecenterSettings,
+        FlowSettings,
+    )
+}
+CORRECTIONS = tuple(SETTINGS)  # every method but none
 
 
 def settings_of(method: Method | str) -> type[MethodSettings]:

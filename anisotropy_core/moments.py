@@ -13,6 +13,7 @@ Two states are merged with the pairwise update of Chan, Golub & LeVeque (1979):
 ``gram/n − μμᵀ``, this never subtracts two huge nearly-equal numbers, so the covariance stays exact
 when ‖μ‖ is many orders of magnitude larger than the spread (offset ratio ≈ 0.99 in real embeddings).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,10 +31,10 @@ class Moments:
     """Centred moment state of ``n`` d-dimensional vectors; see module docstring for fields."""
 
     n: int
-    sum_unit: np.ndarray   # (d,)
+    sum_unit: np.ndarray  # (d,)
     sum_norm: float
-    mean: np.ndarray       # (d,)
-    comoment: np.ndarray   # (d, d)
+    mean: np.ndarray  # (d,)
+    comoment: np.ndarray  # (d, d)
 
     @property
     def d(self) -> int:
@@ -58,7 +59,7 @@ class Moments:
         four (B, d) temporaries instead of one and gives the same co-moment bit for bit (timings:
         bench/RESULTS.md).
         """
-        x = np.array(vectors, dtype=np.float64)          # a private copy: it is centred in place below
+        x = np.array(vectors, dtype=np.float64)  # a private copy: it is centred in place below
         if x.ndim != 2:
             raise ValueError(f"expected a (B, d) matrix, got shape {x.shape}")
         batch, d = x.shape
@@ -112,8 +113,13 @@ class Moments:
         mean = self.mean + (self.mean - part.mean) * (part.n / rest)
         delta = mean - part.mean
         comoment = self.comoment - part.comoment - np.outer(delta, delta) * (part.n * rest / self.n)
-        return Moments(n=rest, sum_unit=self.sum_unit - part.sum_unit, sum_norm=self.sum_norm - part.sum_norm,
-                       mean=mean, comoment=(comoment + comoment.T) / 2)
+        return Moments(
+            n=rest,
+            sum_unit=self.sum_unit - part.sum_unit,
+            sum_norm=self.sum_norm - part.sum_norm,
+            mean=mean,
+            comoment=(comoment + comoment.T) / 2,
+        )
 
     def covariance(self) -> np.ndarray:
         """(d, d) population covariance Σ = comoment / n (the seed's 1/n convention)."""
@@ -156,6 +162,6 @@ class Moments:
             n=n,
             sum_unit=body[:d].copy(),
             sum_norm=float(flat[2]),
-            mean=body[d:2 * d].copy(),
-            comoment=body[2 * d:].reshape(d, d).copy(),
+            mean=body[d : 2 * d].copy(),
+            comoment=body[2 * d :].reshape(d, d).copy(),
         )

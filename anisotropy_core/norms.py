@@ -9,6 +9,7 @@ bins; the exact maximum is kept beside them). The median is reported as the geom
 it, so it is within a factor 10^(1/(2·BINS_PER_DECADE)) of the exact (lower) median: 0.9 % at 128 bins per
 decade. At the default ratio of 1e3 that error moves the threshold by under 1 %.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ BINS_PER_DECADE = 128
 LOW_DECADE, HIGH_DECADE = -30, 40
 BINS = (HIGH_DECADE - LOW_DECADE) * BINS_PER_DECADE
 DEFAULT_MAX_NORM_RATIO = 1e3
-MEDIAN_ERROR = 10 ** (1 / (2 * BINS_PER_DECADE)) - 1   # relative bound of the median's error (module docstring)
+MEDIAN_ERROR = 10 ** (1 / (2 * BINS_PER_DECADE)) - 1  # relative bound of the median's error (module docstring)
 
 
 @dataclass
@@ -62,8 +63,11 @@ class LengthSketch:
     def to_bytes(self) -> bytes:
         """The maximum, then the non-empty bins only (index, count): a few hundred bytes for one corpus."""
         used = np.flatnonzero(self.counts)
-        return (np.float64(self.maximum).astype("<f8").tobytes() + used.astype("<i8").tobytes()
-                + self.counts[used].astype("<i8").tobytes())
+        return (
+            np.float64(self.maximum).astype("<f8").tobytes()
+            + used.astype("<i8").tobytes()
+            + self.counts[used].astype("<i8").tobytes()
+        )
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "LengthSketch":

@@ -9,6 +9,7 @@ output's count, mean and centred co-moment follow exactly from the input state:
 the transforming pass, plus the full output moments for a correction that is not affine, the row count, and the
 top-k lists of the neighbour-overlap check.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,8 +23,9 @@ from .moments import Moments
 from .transforms import FittedTransform
 
 
-def affine_output_moments(state: Moments, transform: FittedTransform, sum_unit: np.ndarray,
-                          sum_norm: float) -> Moments | None:
+def affine_output_moments(
+    state: Moments, transform: FittedTransform, sum_unit: np.ndarray, sum_norm: float
+) -> Moments | None:
     """The moments of ``transform``'s output over the rows of ``state`` (d_in) when the transform is affine
     (:meth:`~anisotropy_core.transforms.FittedTransform.linear_map`), else None. ``sum_unit`` (d_out,) and
     ``sum_norm`` are the output rows' unit-vector and length sums, which the input state cannot give."""
@@ -31,8 +33,13 @@ def affine_output_moments(state: Moments, transform: FittedTransform, sum_unit: 
     if linear is None:
         return None
     comoment = linear.T @ state.comoment @ linear
-    return Moments(n=state.n, sum_unit=np.asarray(sum_unit, dtype=np.float64), sum_norm=float(sum_norm),
-                   mean=(state.mean - transform.mean) @ linear, comoment=(comoment + comoment.T) / 2)
+    return Moments(
+        n=state.n,
+        sum_unit=np.asarray(sum_unit, dtype=np.float64),
+        sum_norm=float(sum_norm),
+        mean=(state.mean - transform.mean) @ linear,
+        comoment=(comoment + comoment.T) / 2,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,8 +64,9 @@ class OverlapQueries:
 _Gathered = TypeVar("_Gathered")
 
 
-def _merge_gathered(name: str, mine: _Gathered | None, theirs: _Gathered | None,
-                    merge: Callable[[_Gathered, _Gathered], _Gathered]) -> _Gathered | None:
+def _merge_gathered(
+    name: str, mine: _Gathered | None, theirs: _Gathered | None, merge: Callable[[_Gathered, _Gathered], _Gathered]
+) -> _Gathered | None:
     """Two partial facts' optional ``name`` merged: None when neither gathered it; both must, or neither."""
     if mine is None and theirs is None:
         return None
@@ -91,12 +99,21 @@ class OutputFacts:
     @classmethod
     def empty(cls, d_out: int, full_moments: bool, overlap: OverlapQueries | None = None) -> "OutputFacts":
         """The identity of :meth:`merge`."""
-        tops = (None, None) if overlap is None else (empty_top_k(overlap.size, overlap.k),
-                                                     empty_top_k(overlap.size, overlap.k))
+        tops = (
+            (None, None)
+            if overlap is None
+            else (empty_top_k(overlap.size, overlap.k), empty_top_k(overlap.size, overlap.k))
+        )
         return cls(0, np.zeros(d_out), 0.0, Moments.empty(d_out) if full_moments else None, *tops)
 
-    def add(self, raw: np.ndarray, output: np.ndarray, keys: np.ndarray, overlap: OverlapQueries | None = None,
-            own: np.ndarray | None = None) -> "OutputFacts":
+    def add(
+        self,
+        raw: np.ndarray,
+        output: np.ndarray,
+        keys: np.ndarray,
+        overlap: OverlapQueries | None = None,
+        own: np.ndarray | None = None,
+    ) -> "OutputFacts":
         """These facts with one batch added: the valid rows' ``raw`` (B, d) vectors, their ``output`` (B, d_out) as
         written, ``keys`` (B,) int64 row keys and, with ``overlap``, ``own`` (B,) int64: the index of the query each
         row is the corpus copy of (−1 for none), which that query never retrieves."""
@@ -104,31 +121,40 @@ class OutputFacts:
             return self
         values = np.asarray(output, dtype=np.float64)
         norms = np.sqrt(np.einsum("ij,ij->i", values, values))
-        facts = dataclasses.replace(self, rows=self.rows + output.shape[0], sum_unit=self.sum_unit + (1.0 / norms) @ values,
-                                    sum_norm=self.sum_norm + float(norms.sum()),
-                                    moments=None if self.moments is None else self.moments.merge(Moments.of_batch(values)))
+        facts = dataclasses.replace(
+            self,
+            rows=self.rows + output.shape[0],
+            sum_unit=self.sum_unit + (1.0 / norms) @ values,
+            sum_norm=self.sum_norm + float(norms.sum()),
+            moments=None if self.moments is None else self.moments.merge(Moments.of_batch(values)),
+        )
         if overlap is None:
             return facts
         if own is None:
             raise ValueError("OutputFacts.add: the overlap check needs own, each row's query index")
         if facts.raw_top is None or facts.corrected_top is None:
             raise ValueError("OutputFacts.add: these facts hold no top-k lists (made without the overlap queries)")
-        query_keys = np.full(overlap.size, -2, dtype=np.int64)        # a key no row has: nothing excluded
+        query_keys = np.full(overlap.size, -2, dtype=np.int64)  # a key no row has: nothing excluded
         mine = np.flatnonzero(own >= 0)
         query_keys[own[mine]] = keys[mine]
         return dataclasses.replace(
-            facts, raw_top=merge_top_k(facts.raw_top, block_top_k(overlap.raw, raw, keys, overlap.k, query_keys)),
-            corrected_top=merge_top_k(facts.corrected_top,
-                                      block_top_k(overlap.corrected, values, keys, overlap.k, query_keys)))
+            facts,
+            raw_top=merge_top_k(facts.raw_top, block_top_k(overlap.raw, raw, keys, overlap.k, query_keys)),
+            corrected_top=merge_top_k(
+                facts.corrected_top, block_top_k(overlap.corrected, values, keys, overlap.k, query_keys)
+            ),
+        )
 
     def merge(self, other: "OutputFacts") -> "OutputFacts":
         """Facts of both sets of rows (associative; the top-k lists merge exactly, ties by smaller key)."""
         return OutputFacts(
-            rows=self.rows + other.rows, sum_unit=self.sum_unit + other.sum_unit,
+            rows=self.rows + other.rows,
+            sum_unit=self.sum_unit + other.sum_unit,
             sum_norm=self.sum_norm + other.sum_norm,
             moments=_merge_gathered("moments", self.moments, other.moments, Moments.merge),
             raw_top=_merge_gathered("raw_top", self.raw_top, other.raw_top, merge_top_k),
-            corrected_top=_merge_gathered("corrected_top", self.corrected_top, other.corrected_top, merge_top_k))
+            corrected_top=_merge_gathered("corrected_top", self.corrected_top, other.corrected_top, merge_top_k),
+        )
 
     def output_moments(self, state: Moments, transform: FittedTransform) -> Moments:
         """The output's moments: the gathered ones, or those of the affine ``transform`` over the rows of the input
@@ -155,7 +181,14 @@ class OutputFacts:
     @classmethod
     def from_bytes(cls, payload: bytes) -> "OutputFacts":
         with np.load(io.BytesIO(payload), allow_pickle=False) as found:
-            tops = [(found[f"{name}_scores"], found[f"{name}_keys"]) if f"{name}_scores" in found else None
-                    for name in ("raw_top", "corrected_top")]
-            return cls(int(found["rows"][0]), found["sum_unit"], float(found["sum_norm"][0]),
-                       Moments.from_bytes(found["moments"].tobytes()) if "moments" in found else None, *tops)
+            tops = [
+                (found[f"{name}_scores"], found[f"{name}_keys"]) if f"{name}_scores" in found else None
+                for name in ("raw_top", "corrected_top")
+            ]
+            return cls(
+                int(found["rows"][0]),
+                found["sum_unit"],
+                float(found["sum_norm"][0]),
+                Moments.from_bytes(found["moments"].tobytes()) if "moments" in found else None,
+                *tops,
+            )

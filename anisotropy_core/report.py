@@ -7,6 +7,7 @@ Inputs are a :func:`~anisotropy_core.diagnostics.diagnose` report (numpy arrays 
 form) and, for the sample-based plots, ``samples`` — an (m, d) sample of the raw vectors — with
 ``metadata`` — {column name: (m,) values aligned with the sample rows}.
 """
+
 from __future__ import annotations
 
 import base64
@@ -42,17 +43,36 @@ def _draw_spectrum(ax, report: Mapping, colour: str, label: str, band: bool, hol
     lam = _spectrum(report)
     keep = lam > RANK_TOLERANCE * lam[0]
     k = np.arange(1, lam.shape[0] + 1)
-    ax.loglog(k[keep], lam[keep], "o" if hollow else ".", ms=5 if hollow else 3, color=colour,
-              mfc="none" if hollow else colour, label=f"{label} eigenvalues")
+    ax.loglog(
+        k[keep],
+        lam[keep],
+        "o" if hollow else ".",
+        ms=5 if hollow else 3,
+        color=colour,
+        mfc="none" if hollow else colour,
+        label=f"{label} eigenvalues",
+    )
     k_lo, k_hi = report.get("power_law_range") or signal_range(lam, int(report["n"]), int(report["d"]))
     alpha, scale = power_law_fit(lam, (k_lo, k_hi))
-    if math.isfinite(alpha):                    # the line is drawn over the range it was fitted on, only
+    if math.isfinite(alpha):  # the line is drawn over the range it was fitted on, only
         span = np.arange(k_lo, k_hi + 1)
-        ax.loglog(span, scale * span ** -alpha, "-", lw=1.5, color=colour, alpha=0.8,
-                  label=f"{label} fit α = {alpha:.2f} over k = {k_lo}…{k_hi} (above the MP edge)")
+        ax.loglog(
+            span,
+            scale * span**-alpha,
+            "-",
+            lw=1.5,
+            color=colour,
+            alpha=0.8,
+            label=f"{label} fit α = {alpha:.2f} over k = {k_lo}…{k_hi} (above the MP edge)",
+        )
     if band:
-        ax.axhspan(report["mp_lower"], report["mp_upper"], color=NULL_COLOUR, alpha=0.18,
-                   label=f"Marchenko–Pastur band (isotropic, n={report['n']}, d={report['d']})")
+        ax.axhspan(
+            report["mp_lower"],
+            report["mp_upper"],
+            color=NULL_COLOUR,
+            alpha=0.18,
+            label=f"Marchenko–Pastur band (isotropic, n={report['n']}, d={report['d']})",
+        )
     ax.set_xlabel("component k")
     ax.set_ylabel("centred covariance eigenvalue λ_k")
 
@@ -63,8 +83,11 @@ def spectrum_figure(report: Mapping) -> Figure:
     fig = _new_figure(6.4, 4.2)
     ax = fig.add_subplot()
     _draw_spectrum(ax, report, AFTER_COLOUR, "", band=True)
-    ax.set_title(f"Spectrum: top-1 {report['top1_var']:.1%}, effective rank {report['effective_rank']:.1f}/"
-                 f"{report['d']}, {report['mp_above_upper']} above the MP edge", fontsize=10)
+    ax.set_title(
+        f"Spectrum: top-1 {report['top1_var']:.1%}, effective rank {report['effective_rank']:.1f}/"
+        f"{report['d']}, {report['mp_above_upper']} above the MP edge",
+        fontsize=10,
+    )
     ax.legend(fontsize=8, loc="lower left")
     return fig
 
@@ -81,20 +104,32 @@ def sample_pair_cosines(samples: np.ndarray, max_pairs: int = MAX_PAIRS, seed: i
     else:
         rng = np.random.default_rng(seed)
         i = rng.integers(0, m, size=max_pairs)
-        j = (i + rng.integers(1, m, size=max_pairs)) % m      # j ≠ i
+        j = (i + rng.integers(1, m, size=max_pairs)) % m  # j ≠ i
     return np.einsum("ij,ij->i", u[i], u[j])
 
 
 def _draw_cosines(ax, samples: np.ndarray, colour: str, label: str, seed: int) -> None:
     cos = sample_pair_cosines(samples, seed=seed)
-    ax.hist(cos, bins=80, range=(-1, 1), density=True, color=colour, alpha=0.55,
-            label=f"{label} pairs (mean {cos.mean():.3f})")
+    ax.hist(
+        cos,
+        bins=80,
+        range=(-1, 1),
+        density=True,
+        color=colour,
+        alpha=0.55,
+        label=f"{label} pairs (mean {cos.mean():.3f})",
+    )
 
 
 def _draw_isotropic_curve(ax, d: int) -> None:
     grid = np.linspace(-1, 1, 801)
-    ax.plot(grid, np.sqrt(d / (2 * np.pi)) * np.exp(-grid ** 2 * d / 2), color="black", lw=1.2,
-            label=f"isotropic N(0, 1/d), sd {1 / math.sqrt(d):.3f}")
+    ax.plot(
+        grid,
+        np.sqrt(d / (2 * np.pi)) * np.exp(-(grid**2) * d / 2),
+        color="black",
+        lw=1.2,
+        label=f"isotropic N(0, 1/d), sd {1 / math.sqrt(d):.3f}",
+    )
     ax.set_xlim(-1, 1)
     ax.set_xlabel("cosine of a random pair")
     ax.set_ylabel("density")
@@ -131,8 +166,11 @@ def u1_metadata_figure(report: Mapping, samples: np.ndarray, metadata: Mapping[s
             raise ValueError(f"metadata column {name!r} has {values.shape[0]} values for {proj.shape[0]} samples")
         if np.issubdtype(values.dtype, np.number):
             ax.scatter(values, proj, s=5, alpha=0.45, color=AFTER_COLOUR)
-            corr = (abs(float(np.corrcoef(values.astype(np.float64), proj)[0, 1]))
-                    if values.std() > 0 and proj.std() > 0 else float("nan"))
+            corr = (
+                abs(float(np.corrcoef(values.astype(np.float64), proj)[0, 1]))
+                if values.std() > 0 and proj.std() > 0
+                else float("nan")
+            )
             ax.set_title(f"{name}: |corr| = {corr:.2f}", fontsize=10)
             ax.set_xlabel(name)
         else:
@@ -155,16 +193,18 @@ def artefact_heatmap_figure(directions: Sequence[Mapping]) -> Figure:
     columns = sorted({c for row in directions for c in row["abs_corr"]})
     if not columns:
         raise ValueError("artefact heatmap needs at least one metadata column")
-    grid = np.array([[np.nan if row["abs_corr"].get(c) is None else row["abs_corr"][c] for c in columns]
-                     for row in directions])                                           # (K, columns)
+    grid = np.array(
+        [[np.nan if row["abs_corr"].get(c) is None else row["abs_corr"][c] for c in columns] for row in directions]
+    )  # (K, columns)
     fig = _new_figure(1.6 + 1.1 * len(columns), 1.2 + 0.32 * len(directions))
     ax = fig.add_subplot()
     cmap = matplotlib.colormaps["Reds"].with_extremes(bad=NULL_COLOUR)
     image = ax.imshow(np.ma.masked_invalid(grid), vmin=0.0, vmax=1.0, cmap=cmap, aspect="auto")
     for (i, j), value in np.ndenumerate(grid):
         if math.isfinite(value):
-            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
-                    color="white" if value > 0.6 else "black")
+            ax.text(
+                j, i, f"{value:.2f}", ha="center", va="center", fontsize=7, color="white" if value > 0.6 else "black"
+            )
     ax.set_xticks(range(len(columns)), columns, rotation=30, fontsize=8)
     ax.set_yticks(range(len(directions)), [f"u{row['index']}" for row in directions], fontsize=8)
     ax.set_title("|corr(projection, column)| per principal direction", fontsize=10)
@@ -172,8 +212,9 @@ def artefact_heatmap_figure(directions: Sequence[Mapping]) -> Figure:
     return fig
 
 
-def before_after_figure(before: Mapping, after: Mapping, before_samples: np.ndarray | None = None,
-                        after_samples: np.ndarray | None = None) -> Figure:
+def before_after_figure(
+    before: Mapping, after: Mapping, before_samples: np.ndarray | None = None, after_samples: np.ndarray | None = None
+) -> Figure:
     """Before/after panels of a transform: both spectra on log-log axes, both cosine histograms (when both
     samples are given), and the headline numbers side by side."""
     with_cosines = before_samples is not None and after_samples is not None
@@ -184,7 +225,7 @@ def before_after_figure(before: Mapping, after: Mapping, before_samples: np.ndar
     _draw_spectrum(ax, after, AFTER_COLOUR, "after", band=True)
     ax.set_title("Spectrum before / after", fontsize=10)
     ax.legend(fontsize=7, loc="lower left")
-    if before_samples is not None and after_samples is not None:   # with_cosines
+    if before_samples is not None and after_samples is not None:  # with_cosines
         ax = fig.add_subplot(1, panels, 2)
         _draw_cosines(ax, before_samples, BEFORE_COLOUR, "before", 0)
         _draw_cosines(ax, after_samples, AFTER_COLOUR, "after", 0)
@@ -192,8 +233,13 @@ def before_after_figure(before: Mapping, after: Mapping, before_samples: np.ndar
         ax.set_title("Pairwise cosines before / after", fontsize=10)
         ax.legend(fontsize=7, loc="upper left")
     ax = fig.add_subplot(1, panels, panels)
-    keys = [("anisotropy_A", "A"), ("offset_ratio", "offset"), ("top1_var", "top-1 var"),
-            ("top10_var", "top-10 var"), ("erank_frac", "erank / d")]
+    keys = [
+        ("anisotropy_A", "A"),
+        ("offset_ratio", "offset"),
+        ("top1_var", "top-1 var"),
+        ("top10_var", "top-10 var"),
+        ("erank_frac", "erank / d"),
+    ]
     pos = np.arange(len(keys))
     ax.barh(pos + 0.2, [float(before[k]) for k, _ in keys], height=0.4, color=BEFORE_COLOUR, label="before")
     ax.barh(pos - 0.2, [float(after[k]) for k, _ in keys], height=0.4, color=AFTER_COLOUR, label="after")
@@ -229,8 +275,15 @@ def scalar_rows(report: Mapping, prefix: str = "") -> list[tuple[str, str]]:
     return rows
 
 
-CLUSTER_KEYS = ["size", "share", "anisotropy_A", "offset_ratio", "top1_var", "effective_rank",
-                "induced_A_global_centring"]
+CLUSTER_KEYS = [
+    "size",
+    "share",
+    "anisotropy_A",
+    "offset_ratio",
+    "top1_var",
+    "effective_rank",
+    "induced_A_global_centring",
+]
 
 
 def cell_text(value) -> str:
@@ -248,8 +301,10 @@ def _applied_html(applied: Mapping | None) -> str:
     if not applied:
         return ""
     notes = "".join(f"<li>{html.escape(note)}</li>" for note in applied.get("notes", []))
-    return (f'<section id="applied"><h2>Applied</h2><p class="headline"><strong>{html.escape(applied["headline"])}'
-            f'</strong></p>' + (f'<ul class="notes">{notes}</ul>' if notes else "") + "</section>")
+    return (
+        f'<section id="applied"><h2>Applied</h2><p class="headline"><strong>{html.escape(applied["headline"])}'
+        f"</strong></p>" + (f'<ul class="notes">{notes}</ul>' if notes else "") + "</section>"
+    )
 
 
 def _verdict_html(verdict: Mapping | None, evaluation: Mapping | None) -> str:
@@ -259,25 +314,43 @@ def _verdict_html(verdict: Mapping | None, evaluation: Mapping | None) -> str:
     parts = ['<section id="verdict"><h2>Verdict</h2>']
     if verdict:
         what = html.escape(str(verdict["method"]))
-        detail = [f"{key} = {html.escape(str(verdict[key]))}" for key in ("directions", "D", "k")
-                  if verdict.get(key) is not None]
-        parts.append(f'<p class="recommendation">Recommended correction: <strong>{what}</strong>'
-                     + (f" ({', '.join(detail)})" if detail else "") + "</p>")
-        parts.append('<h3>Why</h3><ul class="reasons">' + "".join(
-            f"<li>{html.escape(r)}</li>" for r in verdict.get("reasons", [])) + "</ul>")
+        detail = [
+            f"{key} = {html.escape(str(verdict[key]))}"
+            for key in ("directions", "D", "k")
+            if verdict.get(key) is not None
+        ]
+        parts.append(
+            f'<p class="recommendation">Recommended correction: <strong>{what}</strong>'
+            + (f" ({', '.join(detail)})" if detail else "")
+            + "</p>"
+        )
+        parts.append(
+            '<h3>Why</h3><ul class="reasons">'
+            + "".join(f"<li>{html.escape(r)}</li>" for r in verdict.get("reasons", []))
+            + "</ul>"
+        )
         if verdict.get("warnings"):
-            parts.append('<h3>Warnings</h3><ul class="warnings">' + "".join(
-                f"<li>{html.escape(w)}</li>" for w in verdict["warnings"]) + "</ul>")
+            parts.append(
+                '<h3>Warnings</h3><ul class="warnings">'
+                + "".join(f"<li>{html.escape(w)}</li>" for w in verdict["warnings"])
+                + "</ul>"
+            )
     if evaluation:
         rows = evaluation["candidates"]
         metrics = sorted({m for row in rows.values() for m in row})
         head = "".join(f"<th>{html.escape(m)}</th>" for m in metrics)
         body = "".join(
-            ('<tr class="chosen">' if name == evaluation.get("chosen") else "<tr>") + f"<th>{html.escape(name)}</th>"
-            + "".join(f"<td>{cell_text(row.get(m))}</td>" for m in metrics) + "</tr>" for name, row in rows.items())
-        parts.append(f'<h3>Retrieval quality per candidate (best by {html.escape(str(evaluation.get("metric")))}: '
-                     f'{html.escape(str(evaluation.get("chosen")))}; "none" is the raw vectors)</h3>'
-                     f'<table id="candidates"><tr><th>candidate</th>{head}</tr>{body}</table>')
+            ('<tr class="chosen">' if name == evaluation.get("chosen") else "<tr>")
+            + f"<th>{html.escape(name)}</th>"
+            + "".join(f"<td>{cell_text(row.get(m))}</td>" for m in metrics)
+            + "</tr>"
+            for name, row in rows.items()
+        )
+        parts.append(
+            f"<h3>Retrieval quality per candidate (best by {html.escape(str(evaluation.get('metric')))}: "
+            f'{html.escape(str(evaluation.get("chosen")))}; "none" is the raw vectors)</h3>'
+            f'<table id="candidates"><tr><th>candidate</th>{head}</tr>{body}</table>'
+        )
     return "\n".join(parts) + "</section>"
 
 
@@ -286,19 +359,33 @@ def _clusters_html(clusters: Mapping | None) -> str:
         return ""
     head = "".join(f"<th>{k}</th>" for k in CLUSTER_KEYS)
     rows = [("all", clusters["global"])] + [(str(r["cluster"]), r) for r in clusters["clusters"]]
-    body = "".join(f"<tr><th>{html.escape(name)}</th>" + "".join(f"<td>{cell_text(row.get(k))}</td>" for k in CLUSTER_KEYS)
-                   + "</tr>" for name, row in rows)
-    verdict = ("globally anisotropic, locally isotropic: every cluster is flatter than the whole corpus"
-               if clusters.get("locally_isotropic") else "not locally isotropic: some cluster is as concentrated "
-               "as the whole corpus")
-    return (f'<section id="clusters"><h2>Per cluster</h2><table id="cluster-table"><tr><th>cluster</th>{head}</tr>'
-            f"{body}</table><p>{verdict}</p></section>")
+    body = "".join(
+        f"<tr><th>{html.escape(name)}</th>"
+        + "".join(f"<td>{cell_text(row.get(k))}</td>" for k in CLUSTER_KEYS)
+        + "</tr>"
+        for name, row in rows
+    )
+    verdict = (
+        "globally anisotropic, locally isotropic: every cluster is flatter than the whole corpus"
+        if clusters.get("locally_isotropic")
+        else "not locally isotropic: some cluster is as concentrated as the whole corpus"
+    )
+    return (
+        f'<section id="clusters"><h2>Per cluster</h2><table id="cluster-table"><tr><th>cluster</th>{head}</tr>'
+        f"{body}</table><p>{verdict}</p></section>"
+    )
 
 
-def html_report(report: Mapping, images: Mapping[str, bytes], title: str = "Anisotropy report",
-                meanings: Mapping[str, str] | None = None, verdict: Mapping | None = None,
-                evaluation: Mapping | None = None, clusters: Mapping | None = None,
-                applied: Mapping | None = None) -> str:
+def html_report(
+    report: Mapping,
+    images: Mapping[str, bytes],
+    title: str = "Anisotropy report",
+    meanings: Mapping[str, str] | None = None,
+    verdict: Mapping | None = None,
+    evaluation: Mapping | None = None,
+    clusters: Mapping | None = None,
+    applied: Mapping | None = None,
+) -> str:
     """One self-contained HTML page, in reading order: what was applied (``applied``: ``{"headline": text,
     "notes": [text…]}``, when a run applied a correction), the verdict (``verdict``: a recommendation dict with
     method, D, directions, k, reasons, warnings; ``evaluation``: ``{"candidates": {name: {metric: value}},
@@ -306,12 +393,16 @@ def html_report(report: Mapping, images: Mapping[str, bytes], title: str = "Anis
     table (``clusters``: a cluster-diagnostics dict) and each PNG of ``images`` ({caption: PNG bytes})
     embedded as a base64 data URI."""
     meanings = meanings or {}
-    table = "\n".join(f'<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td>'
-                      f'<td class="meaning">{html.escape(meanings.get(k, ""))}</td></tr>'
-                      for k, v in scalar_rows(report))
+    table = "\n".join(
+        f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td>"
+        f'<td class="meaning">{html.escape(meanings.get(k, ""))}</td></tr>'
+        for k, v in scalar_rows(report)
+    )
     figures = "\n".join(
         f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
-        f"<figcaption>{html.escape(name)}</figcaption></figure>" for name, png in images.items())
+        f"<figcaption>{html.escape(name)}</figcaption></figure>"
+        for name, png in images.items()
+    )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}}
@@ -333,10 +424,17 @@ img{{max-width:100%}}figure{{margin:1.5em 0}}</style></head>
 """
 
 
-def write_report_assets(report: Mapping, out_dir: str | os.PathLike, samples: np.ndarray | None = None,
-                        metadata: Mapping[str, np.ndarray] | None = None, before: Mapping | None = None,
-                        before_samples: np.ndarray | None = None, title: str = "Anisotropy report",
-                        artefact_directions: Sequence[Mapping] | None = None, **page: Mapping | None) -> dict[str, str]:
+def write_report_assets(
+    report: Mapping,
+    out_dir: str | os.PathLike,
+    samples: np.ndarray | None = None,
+    metadata: Mapping[str, np.ndarray] | None = None,
+    before: Mapping | None = None,
+    before_samples: np.ndarray | None = None,
+    title: str = "Anisotropy report",
+    artefact_directions: Sequence[Mapping] | None = None,
+    **page: Mapping | None,
+) -> dict[str, str]:
     """Write the plots of ``report`` as PNGs plus ``report.html`` into ``out_dir`` (a local path or URI, see
     :mod:`anisotropy_core.storage`); returns {asset: path}.
 
@@ -350,14 +448,20 @@ def write_report_assets(report: Mapping, out_dir: str | os.PathLike, samples: np
     if samples is not None:
         figures["cosines"] = ("Sampled pairwise cosines vs isotropic N(0, 1/d)", cosine_histogram_figure(samples))
         if metadata:
-            figures["u1_metadata"] = ("u1 projection vs metadata (the artefact test)",
-                                      u1_metadata_figure(report, samples, metadata))
+            figures["u1_metadata"] = (
+                "u1 projection vs metadata (the artefact test)",
+                u1_metadata_figure(report, samples, metadata),
+            )
     if artefact_directions and any(row["abs_corr"] for row in artefact_directions):
-        figures["artefact_heatmap"] = ("Per-direction artefact test: |corr| of each principal direction's "
-                                       "projection with each metadata column", artefact_heatmap_figure(artefact_directions))
+        figures["artefact_heatmap"] = (
+            "Per-direction artefact test: |corr| of each principal direction's projection with each metadata column",
+            artefact_heatmap_figure(artefact_directions),
+        )
     if before is not None:
-        figures["before_after"] = ("Before / after the transform",
-                                   before_after_figure(before, report, before_samples, samples))
+        figures["before_after"] = (
+            "Before / after the transform",
+            before_after_figure(before, report, before_samples, samples),
+        )
     base = os.fspath(out_dir)
     paths, images = {}, {}
     for name, (caption, fig) in figures.items():

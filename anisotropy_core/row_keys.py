@@ -8,16 +8,19 @@ in Spark SQL (``xxhash64`` hashes its arguments in order from the seed 42, each 
 therefore draw the keys on the JVM and ship only the rows it keeps, while this numpy version reproduces the
 same sample from in-memory partitions (the reference and the tests).
 """
+
 from __future__ import annotations
 
 import numpy as np
 
-ROW_ID_PARTITION_SHIFT = 33          # monotonically_increasing_id(): partition index in the upper 31 bits
-SPARK_XXHASH64_SEED = 42             # the seed Spark SQL's xxhash64 starts from
-KEY_BITS = 53                        # a double's mantissa: keys are multiples of 2⁻⁵³ in [0, 1)
+ROW_ID_PARTITION_SHIFT = 33  # monotonically_increasing_id(): partition index in the upper 31 bits
+SPARK_XXHASH64_SEED = 42  # the seed Spark SQL's xxhash64 starts from
+KEY_BITS = 53  # a double's mantissa: keys are multiples of 2⁻⁵³ in [0, 1)
 
-_PRIME_1, _PRIME_2, _PRIME_3, _PRIME_4, _PRIME_5 = (np.uint64(p) for p in (
-    0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5))
+_PRIME_1, _PRIME_2, _PRIME_3, _PRIME_4, _PRIME_5 = (
+    np.uint64(p)
+    for p in (0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5)
+)
 
 
 def _rotate_left(x: np.ndarray, bits: int) -> np.ndarray:
@@ -54,4 +57,4 @@ def row_keys(seed: int, ids: np.ndarray) -> np.ndarray:
     """(m,) float64 uniform keys in [0, 1) of the rows with ``monotonically_increasing_id()`` ``ids`` (m,), for
     ``seed`` (module docstring: Spark SQL computes the same numbers)."""
     seeded = xxhash64_long(np.array([seed], dtype=np.int64), np.uint64(SPARK_XXHASH64_SEED))[0]
-    return (xxhash64_long(ids, seeded) >> np.uint64(64 - KEY_BITS)).astype(np.float64) * 2.0 ** -KEY_BITS
+    return (xxhash64_long(ids, seeded) >> np.uint64(64 - KEY_BITS)).astype(np.float64) * 2.0**-KEY_BITS

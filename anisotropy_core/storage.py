@@ -12,6 +12,7 @@ one. Multi-file outputs therefore write their payload first and their manifest L
 content hash the manifest records (see :mod:`anisotropy_core.artifact`), so a reader either finds no manifest,
 or a manifest whose hash matches the payload, or an error naming the mismatch.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -47,11 +48,13 @@ def join(base: str, *parts: str) -> str:
 
 def same_location(left: str, right: str) -> bool:
     """True when two paths (or URIs) name the same location (by name: no filesystem is contacted)."""
+
     def key(path: str) -> tuple[str, str]:
         scheme, rest = split_scheme(path)
         if scheme in ("", "file"):
             return "file", os.path.abspath(rest if scheme else path)
         return SCHEME_ALIASES.get(scheme, scheme), rest.rstrip("/")
+
     return key(left) == key(right)
 
 
@@ -103,7 +106,7 @@ def remove_tree(path: str) -> None:
         filesystem.delete_dir(inner)
 
 
-CHUNK = 8 << 20   # bytes per read when streaming a file (hashing, copying) instead of holding it in memory
+CHUNK = 8 << 20  # bytes per read when streaming a file (hashing, copying) instead of holding it in memory
 
 
 def size(path: str) -> int:

@@ -2,6 +2,7 @@
 
 Every generator takes ``n`` (rows), ``d`` (dimension) and a ``seed`` and returns an (n, d) float64 array.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,7 +27,7 @@ def cone(n: int, d: int, offset: float, spread: float = 1.0, alpha: float = 0.0,
     rng = np.random.default_rng(seed)
     direction = rng.normal(size=d)
     direction /= np.linalg.norm(direction)
-    return offset * direction + power_law(n, d, alpha, seed=seed + 1, scale=spread ** 2)
+    return offset * direction + power_law(n, d, alpha, seed=seed + 1, scale=spread**2)
 
 
 def pencil(n: int, d: int, length: float = 10.0, seed: int = 0) -> np.ndarray:
@@ -37,8 +38,9 @@ def pencil(n: int, d: int, length: float = 10.0, seed: int = 0) -> np.ndarray:
     return x @ random_rotation(d, rng).T
 
 
-def mixture(n: int, d: int, proportions: tuple[float, ...], separation: float, spread: float = 1.0,
-            seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def mixture(
+    n: int, d: int, proportions: tuple[float, ...], separation: float, spread: float = 1.0, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """Gaussian populations whose means lie on random, nearly orthogonal directions about ``separation`` apart.
 
     Returns ``(vectors (n, d), labels (n,))``; population sizes follow ``proportions``.

@@ -20,6 +20,7 @@ A fitted transform is a small object with ``method`` (registry name), ``d_in``/`
 rebuilds any registered type from those two dicts, which is all the artifact and Spark layers use.
 New transform types (e.g. cluster-wise recentring) register themselves with :func:`register`.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -35,11 +36,13 @@ from .moments import InvalidVectorsError, Moments
 
 REGISTRY: dict[str, type["FittedTransform"]] = {}
 # method → module that registers it
-PLUGINS: dict[str, str] = {Method.CLUSTER_RECENTER: "anisotropy_core.cluster_recenter",
-                           Method.FLOW: "anisotropy_core.flow"}
+PLUGINS: dict[str, str] = {
+    Method.CLUSTER_RECENTER: "anisotropy_core.cluster_recenter",
+    Method.FLOW: "anisotropy_core.flow",
+}
 
-DEFAULT_EPS = WhiteningSettings.eps   # whitening clamp: eigenvalues below eps·λ₁ are raised to eps·λ₁
-APPLY_BLOCK_ROWS = 256    # rows per block of apply: its float64 scratch (256 × d × 8 bytes) stays in the CPU cache
+DEFAULT_EPS = WhiteningSettings.eps  # whitening clamp: eigenvalues below eps·λ₁ are raised to eps·λ₁
+APPLY_BLOCK_ROWS = 256  # rows per block of apply: its float64 scratch (256 × d × 8 bytes) stays in the CPU cache
 
 
 class TransformInputError(ValueError):
@@ -90,7 +93,7 @@ class FittedTransform:
     method: ClassVar[str] = ""
 
     def __init__(self, mean: np.ndarray):
-        self.mean = np.asarray(mean, dtype=np.float64)   # (d_in,)
+        self.mean = np.asarray(mean, dtype=np.float64)  # (d_in,)
 
     @property
     def d_in(self) -> int:
@@ -123,8 +126,14 @@ class FittedTransform:
         """
         x = np.asarray(vectors)
         single = x.ndim == 1
-        out = map_blocks(x[None, :] if single else x, self.d_in, self.d_out, dtype,
-                         lambda rows, _start: self._map(np.subtract(rows, self.mean, out=rows)), self.method)
+        out = map_blocks(
+            x[None, :] if single else x,
+            self.d_in,
+            self.d_out,
+            dtype,
+            lambda rows, _start: self._map(np.subtract(rows, self.mean, out=rows)),
+            self.method,
+        )
         return out[0] if single else out
 
     def _map(self, centred: np.ndarray) -> np.ndarray:
@@ -157,26 +166,28 @@ def map_blocks(x: np.ndarray, d_in: int, d_out: int, dtype: type, block: BlockFn
     out: np.ndarray = np.empty((check_shape(x, d_in).shape[0], d_out), dtype)
     scratch = np.empty((min(x.shape[0], APPLY_BLOCK_ROWS), d_in), np.float64)
     for start in range(0, x.shape[0], APPLY_BLOCK_ROWS):
-        rows = scratch[:min(APPLY_BLOCK_ROWS, x.shape[0] - start)]
-        np.copyto(rows, x[start:start + rows.shape[0]])
+        rows = scratch[: min(APPLY_BLOCK_ROWS, x.shape[0] - start)]
+        np.copyto(rows, x[start : start + rows.shape[0]])
         check_input(rows, d_in, start)
         try:
             mapped = block(rows, start)
         except NonFiniteOutputError as exc:
             raise exc.shifted(start) from None
-        target = out[start:start + rows.shape[0]]
-        with np.errstate(over="ignore"):             # an overflowing cast is reported just below
+        target = out[start : start + rows.shape[0]]
+        with np.errstate(over="ignore"):  # an overflowing cast is reported just below
             target[...] = mapped
         if not np.isfinite(target).all():
             row = int(np.argmax(~np.isfinite(target).all(axis=1)))
-            if np.isfinite(mapped[row]).all():      # finite in float64: the cast to dtype overflowed
-                raise NonFiniteOutputError(f"{method}: row {{row}}: non-finite output value after the cast to "
-                                           f"{np.dtype(dtype).name}", start + row)
+            if np.isfinite(mapped[row]).all():  # finite in float64: the cast to dtype overflowed
+                raise NonFiniteOutputError(
+                    f"{method}: row {{row}}: non-finite output value after the cast to {np.dtype(dtype).name}",
+                    start + row,
+                )
             raise NonFiniteOutputError(f"{method}: transformed row {{row}} is not finite", start + row)
     return out
 
 
-GEMM_COLUMN_TILE = 8   # products of a batch with a fitted matrix run with a multiple of this many columns
+GEMM_COLUMN_TILE = 8  # products of a batch with a fitted matrix run with a multiple of this many columns
 
 
 def tiled_columns(matrix: np.ndarray) -> np.ndarray:
@@ -194,7 +205,8 @@ def check_shape(x: np.ndarray, d: int) -> np.ndarray:
     if x.ndim != 2 or x.shape[1] != d:
         raise TransformInputError(
             f"input has shape {x.shape} but the transform was fitted on dimension {d}: "
-            "apply it only to vectors from the same embedding model")
+            "apply it only to vectors from the same embedding model"
+        )
     return x
 
 
@@ -239,10 +251,10 @@ class AllButTheTop(FittedTransform):
     def __init__(self, mean, components, eigenvalues, d_rule="explicit", directions=None):
         super().__init__(mean)
         self.components = np.asarray(components, dtype=np.float64).reshape(-1, self.d_in)  # (D, d)
-        self.eigenvalues = np.asarray(eigenvalues, dtype=np.float64)                         # (d,)
+        self.eigenvalues = np.asarray(eigenvalues, dtype=np.float64)  # (d,)
         self.d_rule = d_rule
         self.directions = [int(j) for j in directions] if directions is not None else list(range(1, self.D + 1))
-        self._tiled = tiled_columns(self.components.T)                                      # (d, ⌈D⌉₈)
+        self._tiled = tiled_columns(self.components.T)  # (d, ⌈D⌉₈)
 
     @property
     def D(self) -> int:
@@ -256,8 +268,13 @@ class AllButTheTop(FittedTransform):
 
     @classmethod
     def from_parts(cls, params, arrays):
-        return cls(arrays["mean"], arrays["components"], arrays["eigenvalues"], params.get("d_rule", "explicit"),
-                   params.get("directions"))
+        return cls(
+            arrays["mean"],
+            arrays["components"],
+            arrays["eigenvalues"],
+            params.get("d_rule", "explicit"),
+            params.get("directions"),
+        )
 
     def projector(self) -> np.ndarray:
         """(d, d) symmetric idempotent P = I − UᵀU."""
@@ -293,11 +310,12 @@ class Whitening(FittedTransform):
 
     method = Method.WHITENING
 
-    def __init__(self, mean, matrix, eigenvalues, k, shrinkage=0.0, eps=DEFAULT_EPS, zca=False,
-                 normalize=False, clamped=0):
+    def __init__(
+        self, mean, matrix, eigenvalues, k, shrinkage=0.0, eps=DEFAULT_EPS, zca=False, normalize=False, clamped=0
+    ):
         super().__init__(mean)
-        self.matrix = np.asarray(matrix, dtype=np.float64)          # (d, d_out)
-        self._tiled = tiled_columns(self.matrix)                    # (d, ⌈d_out⌉₈)
+        self.matrix = np.asarray(matrix, dtype=np.float64)  # (d, d_out)
+        self._tiled = tiled_columns(self.matrix)  # (d, ⌈d_out⌉₈)
         self.eigenvalues = np.asarray(eigenvalues, dtype=np.float64)
         self.k, self.shrinkage, self.eps = int(k), float(shrinkage), float(eps)
         self.zca, self.normalize, self.clamped = bool(zca), bool(normalize), int(clamped)
@@ -307,8 +325,14 @@ class Whitening(FittedTransform):
         return int(self.matrix.shape[1])
 
     def params(self):
-        return {"k": self.k, "shrinkage": self.shrinkage, "eps": self.eps, "zca": self.zca,
-                "normalize": self.normalize, "clamped": self.clamped}
+        return {
+            "k": self.k,
+            "shrinkage": self.shrinkage,
+            "eps": self.eps,
+            "zca": self.zca,
+            "normalize": self.normalize,
+            "clamped": self.clamped,
+        }
 
     def arrays(self):
         return {"mean": self.mean, "matrix": self.matrix, "eigenvalues": self.eigenvalues}
@@ -318,15 +342,16 @@ class Whitening(FittedTransform):
         return cls(arrays["mean"], arrays["matrix"], arrays["eigenvalues"], **params)
 
     def _map(self, centred):
-        z = (centred @ self._tiled)[:, :self.d_out]
+        z = (centred @ self._tiled)[:, : self.d_out]
         if not self.normalize:
             return z
         norms = np.linalg.norm(z, axis=1, keepdims=True)
         zero = norms[:, 0] == 0
         if zero.any():
             row = int(np.argmax(zero))
-            raise NonFiniteOutputError("whitening: row {row} equals the fitted mean, so it cannot be L2-normalised",
-                                       row)
+            raise NonFiniteOutputError(
+                "whitening: row {row} equals the fitted mean, so it cannot be L2-normalised", row
+            )
         return z / norms
 
     def linear_map(self):
@@ -344,35 +369,61 @@ class AbttPcaAbtt(FittedTransform):
 
     method = Method.ABTT_PCA_ABTT
 
-    def __init__(self, mean, first_components, basis, second_components, eigenvalues, reduced_eigenvalues,
-                 d_rule="explicit", d2_rule="explicit"):
+    def __init__(
+        self,
+        mean,
+        first_components,
+        basis,
+        second_components,
+        eigenvalues,
+        reduced_eigenvalues,
+        d_rule="explicit",
+        d2_rule="explicit",
+    ):
         super().__init__(mean)
         self.first_components = np.asarray(first_components, dtype=np.float64).reshape(-1, self.d_in)
-        self.basis = np.asarray(basis, dtype=np.float64)                                  # (d, k)
+        self.basis = np.asarray(basis, dtype=np.float64)  # (d, k)
         self.second_components = np.asarray(second_components, dtype=np.float64).reshape(-1, self.d_out)
         self.eigenvalues = np.asarray(eigenvalues, dtype=np.float64)
         self.reduced_eigenvalues = np.asarray(reduced_eigenvalues, dtype=np.float64)
         self.d_rule, self.d2_rule = d_rule, d2_rule
-        self.matrix = self.basis - self.first_components.T @ (self.first_components @ self.basis)   # P₁ B
+        self.matrix = self.basis - self.first_components.T @ (self.first_components @ self.basis)  # P₁ B
 
     @property
     def d_out(self) -> int:
         return int(self.basis.shape[1])
 
     def params(self):
-        return {"D": int(self.first_components.shape[0]), "k": self.d_out, "D2": int(self.second_components.shape[0]),
-                "d_rule": self.d_rule, "d2_rule": self.d2_rule}
+        return {
+            "D": int(self.first_components.shape[0]),
+            "k": self.d_out,
+            "D2": int(self.second_components.shape[0]),
+            "d_rule": self.d_rule,
+            "d2_rule": self.d2_rule,
+        }
 
     def arrays(self):
-        return {"mean": self.mean, "first_components": self.first_components, "basis": self.basis,
-                "second_components": self.second_components, "eigenvalues": self.eigenvalues,
-                "reduced_eigenvalues": self.reduced_eigenvalues}
+        return {
+            "mean": self.mean,
+            "first_components": self.first_components,
+            "basis": self.basis,
+            "second_components": self.second_components,
+            "eigenvalues": self.eigenvalues,
+            "reduced_eigenvalues": self.reduced_eigenvalues,
+        }
 
     @classmethod
     def from_parts(cls, params, arrays):
-        return cls(arrays["mean"], arrays["first_components"], arrays["basis"], arrays["second_components"],
-                   arrays["eigenvalues"], arrays["reduced_eigenvalues"], params.get("d_rule", "explicit"),
-                   params.get("d2_rule", "explicit"))
+        return cls(
+            arrays["mean"],
+            arrays["first_components"],
+            arrays["basis"],
+            arrays["second_components"],
+            arrays["eigenvalues"],
+            arrays["reduced_eigenvalues"],
+            params.get("d_rule", "explicit"),
+            params.get("d2_rule", "explicit"),
+        )
 
     def _map(self, centred):
         reduced = centred @ self.matrix
@@ -398,7 +449,7 @@ class Principal:
     vectors: np.ndarray
 
 
-FitData = Union[Moments, np.ndarray]   # a merged moments state, or raw rows (n, d) (the n < d route)
+FitData = Union[Moments, np.ndarray]  # a merged moments state, or raw rows (n, d) (the n < d route)
 
 
 def principal(data: FitData, matrix: np.ndarray | None = None, require_spread: bool = True) -> Principal:
@@ -410,8 +461,7 @@ def principal(data: FitData, matrix: np.ndarray | None = None, require_spread: b
     """
     if isinstance(data, Moments):
         if data.n < 2:
-            raise InvalidVectorsError(
-                f"fitting a correction needs at least 2 vectors, got n={data.n} valid rows")
+            raise InvalidVectorsError(f"fitting a correction needs at least 2 vectors, got n={data.n} valid rows")
         if not math.isfinite(float(np.abs(data.comoment).max())):
             raise ValueError("the moments state holds non-finite values")
         cov, mean = data.covariance(), data.mean
@@ -430,8 +480,10 @@ def principal(data: FitData, matrix: np.ndarray | None = None, require_spread: b
         lam, vecs = dual_spectrum(rows - mean)
         result = Principal(n, d, mean, np.concatenate([lam, np.zeros(d - lam.shape[0])]), vecs)
     if require_spread and not result.eigenvalues.sum() > 0:
-        raise InvalidVectorsError(f"all {result.n} valid vectors are identical (zero spread): the covariance is "
-                                  "zero and no correction is defined")
+        raise InvalidVectorsError(
+            f"all {result.n} valid vectors are identical (zero spread): the covariance is "
+            "zero and no correction is defined"
+        )
     return result
 
 
@@ -441,7 +493,7 @@ def fit_center(data: FitData) -> Center:
 
 
 DIRECTION_RULES = ("explicit", "marchenko_pastur", "artefact", "rule_of_thumb")
-RULE_OF_THUMB = "rule_of_thumb_d/100 (unverified)"   # the d_rule a fit records when no evidence chose D
+RULE_OF_THUMB = "rule_of_thumb_d/100 (unverified)"  # the d_rule a fit records when no evidence chose D
 
 
 def rule_of_thumb_d(d: int) -> int:
@@ -450,10 +502,17 @@ def rule_of_thumb_d(d: int) -> int:
     return max(1, round(d / 100))
 
 
-def choose_directions(eigenvalues: np.ndarray, n: int, d: int, rule: str = "rule_of_thumb",
-                      D: int | None = None, indices: list[int] | None = None, max_D: int | None = None,
-                      artefact_directions: Sequence[Mapping[str, Any]] | None = None,
-                      artefact_corr: float = 0.5) -> tuple[list[int], str]:
+def choose_directions(
+    eigenvalues: np.ndarray,
+    n: int,
+    d: int,
+    rule: str = "rule_of_thumb",
+    D: int | None = None,
+    indices: list[int] | None = None,
+    max_D: int | None = None,
+    artefact_directions: Sequence[Mapping[str, Any]] | None = None,
+    artefact_corr: float = 0.5,
+) -> tuple[list[int], str]:
     """Which principal directions ABTT removes: (sorted 1-based indices, the rule that chose them).
 
     ``eigenvalues``: (d,) centred covariance spectrum, descending. ``rule``:
@@ -481,21 +540,29 @@ def choose_directions(eigenvalues: np.ndarray, n: int, d: int, rule: str = "rule
     _, upper = marchenko_pastur_edges(n, d, variance=float(lam.sum()) / d)
     above = int((lam > upper).sum())
     if rule == "explicit":
-        chosen = sorted(set(int(j) for j in indices)) if indices is not None else \
-            (list(range(1, int(D) + 1)) if D is not None else None)
+        chosen = (
+            sorted(set(int(j) for j in indices))
+            if indices is not None
+            else (list(range(1, int(D) + 1)) if D is not None else None)
+        )
         if chosen is None:
             raise ValueError("direction rule 'explicit' needs D or a list of indices")
         if D is not None and (D < 0 or D >= d) or len(chosen) > limit or any(not 1 <= j <= d for j in chosen):
-            raise ValueError(f"explicit directions {chosen if indices is not None else f'D={D}'} must be at most "
-                             f"min(d-1, n-1) = {limit} indices in 1..{d} (D={D} must satisfy 0 <= D < d={d} "
-                             f"and D <= n-1={n - 1})")
+            raise ValueError(
+                f"explicit directions {chosen if indices is not None else f'D={D}'} must be at most "
+                f"min(d-1, n-1) = {limit} indices in 1..{d} (D={D} must satisfy 0 <= D < d={d} "
+                f"and D <= n-1={n - 1})"
+            )
         return chosen, "explicit"
     if rule == "rule_of_thumb" or (rule == "marchenko_pastur" and n <= d):
         count = min(rule_of_thumb_d(d), limit, max_D if max_D is not None else d)
         return list(range(1, count + 1)), RULE_OF_THUMB
     if rule == "artefact":
-        return sorted(int(row["index"]) for row in artefact_directions or []
-                      if int(row["index"]) <= above and max_abs_corr(row)[1] >= artefact_corr), "artefact"
+        return sorted(
+            int(row["index"])
+            for row in artefact_directions or []
+            if int(row["index"]) <= above and max_abs_corr(row)[1] >= artefact_corr
+        ), "artefact"
     capped = max_D is not None and above > max_D
     count = min(above if max_D is None else min(above, max_D), limit)
     return list(range(1, count + 1)), "marchenko_pastur_capped" if capped else "marchenko_pastur"
@@ -516,18 +583,26 @@ def max_abs_corr(direction: Mapping[str, Any]) -> tuple[str | None, float]:
     return name, known[name]
 
 
-def choose_d(eigenvalues: np.ndarray, n: int, d: int, D: int | None = None,
-             max_D: int | None = None) -> tuple[int, str]:
+def choose_d(
+    eigenvalues: np.ndarray, n: int, d: int, D: int | None = None, max_D: int | None = None
+) -> tuple[int, str]:
     """How many top directions to remove, and the rule: ``D`` given → ``"explicit"``, else the rule of thumb
     max(1, round(d/100)) at most ``max_D``, recorded unverified (:func:`choose_directions`)."""
-    chosen, rule = choose_directions(eigenvalues, n, d, "explicit" if D is not None else "rule_of_thumb",
-                                     D=D, max_D=max_D)
+    chosen, rule = choose_directions(
+        eigenvalues, n, d, "explicit" if D is not None else "rule_of_thumb", D=D, max_D=max_D
+    )
     return len(chosen), rule
 
 
-def fit_abtt(data: FitData, D: int | None = None, max_D: int | None = None, directions: list[int] | None = None,
-             rule: str | None = None, artefact_directions: Sequence[Mapping[str, Any]] | None = None,
-             artefact_corr: float = 0.5) -> AllButTheTop:
+def fit_abtt(
+    data: FitData,
+    D: int | None = None,
+    max_D: int | None = None,
+    directions: list[int] | None = None,
+    rule: str | None = None,
+    artefact_directions: Sequence[Mapping[str, Any]] | None = None,
+    artefact_corr: float = 0.5,
+) -> AllButTheTop:
     """All-but-the-Top from the CENTRED covariance of ``data`` (moments, or rows: n < d → Gram route).
 
     The removed set comes from :func:`choose_directions`: ``rule`` defaults to ``"explicit"`` when ``D`` or
@@ -535,15 +610,31 @@ def fit_abtt(data: FitData, D: int | None = None, max_D: int | None = None, dire
     (at most ``max_D``), recorded as ``d_rule`` "rule_of_thumb_d/100 (unverified)". The Marchenko–Pastur count
     is a diagnostic (``rule="marchenko_pastur"``), never the default.
     """
-    p = principal(data)                                # (d,), (d, r) columns, sign-canonical
+    p = principal(data)  # (d,), (d, r) columns, sign-canonical
     rule = rule or ("explicit" if D is not None or directions is not None else "rule_of_thumb")
-    chosen, used = choose_directions(p.eigenvalues, p.n, p.d, rule, D=D, indices=directions, max_D=max_D,
-                                     artefact_directions=artefact_directions, artefact_corr=artefact_corr)
+    chosen, used = choose_directions(
+        p.eigenvalues,
+        p.n,
+        p.d,
+        rule,
+        D=D,
+        indices=directions,
+        max_D=max_D,
+        artefact_directions=artefact_directions,
+        artefact_corr=artefact_corr,
+    )
     return AllButTheTop(p.mean, p.vectors[:, [j - 1 for j in chosen]].T, p.eigenvalues, used, chosen)
 
 
-def fit_whitening(data: FitData, k: int | None = None, shrinkage: float = 0.0, eps: float = DEFAULT_EPS,
-                  zca: bool = False, normalize: bool = False, exclude: list[int] | None = None) -> Whitening:
+def fit_whitening(
+    data: FitData,
+    k: int | None = None,
+    shrinkage: float = 0.0,
+    eps: float = DEFAULT_EPS,
+    zca: bool = False,
+    normalize: bool = False,
+    exclude: list[int] | None = None,
+) -> Whitening:
     """Whitening-k from ``data``: W = U_k Λ_k^{-1/2} (d, k), or ZCA U_k Λ_k^{-1/2} U_kᵀ (d, d).
 
     ``k``: kept directions (default min(d, r) − len(exclude), r below); ``shrinkage`` α ∈ [0, 1]:
@@ -570,8 +661,10 @@ def fit_whitening(data: FitData, k: int | None = None, shrinkage: float = 0.0, e
     if not 1 <= k <= d - len(dropped):
         raise ValueError(f"k={k} must satisfy 1 <= k <= d - len(exclude) = {d - len(dropped)}")
     if k > spanned:
-        raise ValueError(f"k={k} exceeds the {spanned} directions that n={p.n} vectors span in "
-                         f"d={d}{' (after exclude)' if dropped else ''}: with n < d use k <= {spanned}")
+        raise ValueError(
+            f"k={k} exceeds the {spanned} directions that n={p.n} vectors span in "
+            f"d={d}{' (after exclude)' if dropped else ''}: with n < d use k <= {spanned}"
+        )
     lam = p.eigenvalues
     if shrinkage:
         lam = (1.0 - shrinkage) * lam + shrinkage * lam.sum() / d
@@ -580,14 +673,15 @@ def fit_whitening(data: FitData, k: int | None = None, shrinkage: float = 0.0, e
     floor = eps * lam[0]
     kept = np.maximum(kept_lam[:k], floor)
     clamped = int((kept_lam[:k] < floor).sum())
-    matrix = vectors[:, :k] / np.sqrt(kept)              # (d, k) == U_k diag(λ^-1/2)
+    matrix = vectors[:, :k] / np.sqrt(kept)  # (d, k) == U_k diag(λ^-1/2)
     if zca:
-        matrix = matrix @ vectors[:, :k].T               # (d, d)
+        matrix = matrix @ vectors[:, :k].T  # (d, d)
     return Whitening(p.mean, matrix, lam, k, shrinkage, eps, zca, normalize, clamped)
 
 
-def fit_abtt_pca_abtt(data: FitData, D: int | None = None, k: int | None = None, D2: int | None = None,
-                      max_D: int | None = None) -> "AbttPcaAbtt":
+def fit_abtt_pca_abtt(
+    data: FitData, D: int | None = None, k: int | None = None, D2: int | None = None, max_D: int | None = None
+) -> "AbttPcaAbtt":
     """Seed ch. 3, "Does it compose?": ABTT (D), PCA down to k, then ABTT REFITTED on the reduced output (D2).
 
     Every step is fitted from the previous step's output covariance (MᵀΣM from the same moments state, or
@@ -599,19 +693,32 @@ def fit_abtt_pca_abtt(data: FitData, D: int | None = None, k: int | None = None,
     k = -(-p.d // 3) if k is None else int(k)
     rank = p.vectors.shape[1] - first.D if p.vectors.shape[1] < p.d else p.d - first.D
     if not 1 <= k <= rank:
-        raise ValueError(f"k={k} must satisfy 1 <= k <= {rank} (d={p.d} minus the D={first.D} removed"
-                         + (f", and the rank the n={p.n} vectors span)" if p.vectors.shape[1] < p.d else ")"))
+        raise ValueError(
+            f"k={k} must satisfy 1 <= k <= {rank} (d={p.d} minus the D={first.D} removed"
+            + (f", and the rank the n={p.n} vectors span)" if p.vectors.shape[1] < p.d else ")")
+        )
     projector = first.projector()
-    basis = principal(data, projector).vectors[:, :k]                   # (d, k) PCA of the ABTT output
-    reduced = principal(data, projector @ basis)                        # (k,) spectrum of the PCA-k output
+    basis = principal(data, projector).vectors[:, :k]  # (d, k) PCA of the ABTT output
+    reduced = principal(data, projector @ basis)  # (k,) spectrum of the PCA-k output
     chosen, rule = choose_d(reduced.eigenvalues, reduced.n, k, D2, max_D)
-    return AbttPcaAbtt(p.mean, first.components, basis, reduced.vectors[:, :chosen].T, p.eigenvalues,
-                       reduced.eigenvalues, first.d_rule, rule)
+    return AbttPcaAbtt(
+        p.mean,
+        first.components,
+        basis,
+        reduced.vectors[:, :chosen].T,
+        p.eigenvalues,
+        reduced.eigenvalues,
+        first.d_rule,
+        rule,
+    )
 
 
-FITTERS: dict[str, Callable[..., FittedTransform]] = {Method.CENTER: fit_center, Method.ABTT: fit_abtt,
-                                                     Method.WHITENING: fit_whitening,
-                                                     Method.ABTT_PCA_ABTT: fit_abtt_pca_abtt}
+FITTERS: dict[str, Callable[..., FittedTransform]] = {
+    Method.CENTER: fit_center,
+    Method.ABTT: fit_abtt,
+    Method.WHITENING: fit_whitening,
+    Method.ABTT_PCA_ABTT: fit_abtt_pca_abtt,
+}
 
 
 def fit(method: str, data: FitData, **params) -> FittedTransform:

@@ -1,12 +1,12 @@
 """Arrow record batches ↔ numpy matrices, for ``mapInArrow`` partition functions (no per-row Python)."""
+
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
 
 
-def batch_matrix(batch: pa.RecordBatch, vector_col: str, dimension: int,
-                 dtype: type | None = np.float64) -> np.ndarray:
+def batch_matrix(batch: pa.RecordBatch, vector_col: str, dimension: int, dtype: type | None = np.float64) -> np.ndarray:
     """(B, dimension) ``dtype`` view of a validated ``array<float|double>`` column of an Arrow batch
     (``dtype=None``: the column's own element type, float32 or float64, without a copy).
 
@@ -22,10 +22,12 @@ def batch_matrix(batch: pa.RecordBatch, vector_col: str, dimension: int,
     lengths = np.diff(offsets)
     if lengths.size and not (lengths == dimension).all():
         bad = int(np.argmax(lengths != dimension))
-        raise ValueError(f"vector in column {vector_col!r} at batch row {bad} has length {lengths[bad]}, expected {dimension}")
+        raise ValueError(
+            f"vector in column {vector_col!r} at batch row {bad} has length {lengths[bad]}, expected {dimension}"
+        )
     values = np.asarray(column.values.to_numpy(zero_copy_only=False), dtype=dtype)
     start = offsets[0] if offsets.size else 0
-    return values[start:start + len(column) * dimension].reshape(len(column), dimension)
+    return values[start : start + len(column) * dimension].reshape(len(column), dimension)
 
 
 def matrix_column(matrix: np.ndarray, dtype: type = np.float64, valid: np.ndarray | None = None) -> pa.Array:
@@ -40,5 +42,7 @@ def matrix_column(matrix: np.ndarray, dtype: type = np.float64, valid: np.ndarra
         offsets = pa.array(np.arange(0, (rows + 1) * d, d, dtype=np.int32))
         return pa.ListArray.from_arrays(offsets, pa.array(matrix.ravel()))
     lengths = np.where(valid, d, 0).astype(np.int32)
-    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths, dtype=np.int32)]), mask=np.concatenate([~valid, [False]]))
+    offsets = pa.array(
+        np.concatenate([[0], np.cumsum(lengths, dtype=np.int32)]), mask=np.concatenate([~valid, [False]])
+    )
     return pa.ListArray.from_arrays(offsets, pa.array(matrix.ravel()))

@@ -9,6 +9,7 @@ Pass 2 (MEV, optional): a (d, d) centred-moments state is needed per word, so it
 (layer, word) groups chosen from pass 1's counts (≥ ``mev_min_occurrences``, the ``mev_max_words`` most
 frequent), folded and merged the same way.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator
@@ -36,9 +37,14 @@ def _decode_key(raw: bytes):
     return ast.literal_eval(bytes(raw).decode("utf-8"))
 
 
-def _fold_partitions(df: DataFrame, columns: list[str], vector_col: str, dimension: int,
-                     fold: Callable[[np.ndarray, dict[str, list]], dict[tuple[str, Any], bytes]],
-                     merge: Callable[[bytes, bytes], bytes]) -> dict[tuple[str, Any], bytes]:
+def _fold_partitions(
+    df: DataFrame,
+    columns: list[str],
+    vector_col: str,
+    dimension: int,
+    fold: Callable[[np.ndarray, dict[str, list]], dict[tuple[str, Any], bytes]],
+    merge: Callable[[bytes, bytes], bytes],
+) -> dict[tuple[str, Any], bytes]:
     """Run ``fold`` (batch matrix (B, d), key columns as Python lists → {(kind, key): state bytes}) over every
     Arrow batch, merge states within a partition and then across partitions by key with ``merge``
     (:mod:`~anisotropy_spark.keyed`)."""
@@ -66,9 +72,16 @@ def _sums_bytes(state: GroupSums) -> bytes:
     return state.to_array().tobytes()
 
 
-def contextual_dataframe(df: DataFrame, vector_col: str, dimension: int, layer_col: str = "layer",
-                         word_col: str = "word", sentence_col: str = "sentence", mev_min_occurrences: int = 2,
-                         mev_max_words: int | None = 200) -> dict:
+def contextual_dataframe(
+    df: DataFrame,
+    vector_col: str,
+    dimension: int,
+    layer_col: str = "layer",
+    word_col: str = "word",
+    sentence_col: str = "sentence",
+    mev_min_occurrences: int = 2,
+    mev_max_words: int | None = 200,
+) -> dict:
     """Chapter-4 report of a token table: one row per token occurrence with ``layer_col``, ``word_col``,
     ``sentence_col`` (non-null) and a validated ``array<double>`` vector of length ``dimension``.
 
@@ -90,15 +103,20 @@ def contextual_dataframe(df: DataFrame, vector_col: str, dimension: int, layer_c
         return out
 
     states = _fold_partitions(df, columns, vector_col, dimension, fold_sums, _merge_sums)
-    sums = {kind: {key: GroupSums.from_array(np.frombuffer(p)) for (k, key), p in states.items() if k == kind}
-            for kind in kinds}
+    sums = {
+        kind: {key: GroupSums.from_array(np.frombuffer(p)) for (k, key), p in states.items() if k == kind}
+        for kind in kinds
+    }
 
-    word_moments: dict[Any, Moments] = {}     # (layer, word) → its occurrences' moments
+    word_moments: dict[Any, Moments] = {}  # (layer, word) → its occurrences' moments
     if word_col:
-        eligible = sorted((key for key, s in sums["word"].items() if s.n >= max(2, mev_min_occurrences)),
-                          key=lambda key: (-sums["word"][key].n, repr(key)))
+        eligible = sorted(
+            (key for key, s in sums["word"].items() if s.n >= max(2, mev_min_occurrences)),
+            key=lambda key: (-sums["word"][key].n, repr(key)),
+        )
         chosen = set(eligible if mev_max_words is None else eligible[:mev_max_words])
         if chosen:
+
             def fold_moments(x: np.ndarray, cols: dict[str, list]) -> dict[tuple[str, Any], bytes]:
                 keys = list(zip(cols[layer_col], cols[word_col]))
                 out: dict[tuple[str, Any], bytes] = {}
@@ -107,7 +125,8 @@ def contextual_dataframe(df: DataFrame, vector_col: str, dimension: int, layer_c
                     out[("mev", key)] = Moments.of_batch(x[rows]).to_bytes()
                 return out
 
-            moments = _fold_partitions(df, [layer_col, word_col], vector_col, dimension, fold_moments,
-                                       merge_moments_bytes)
+            moments = _fold_partitions(
+                df, [layer_col, word_col], vector_col, dimension, fold_moments, merge_moments_bytes
+            )
             word_moments = {key: Moments.from_bytes(p) for (_, key), p in moments.items()}
     return contextual_measures(sums["layer"], sums["word"], sums["sentence"], word_moments)

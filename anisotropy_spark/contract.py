@@ -12,6 +12,7 @@ casts, e.g. block by block).
 Errors a worker raises about its rows (:class:`InvalidRowError`, :class:`ForeignDimensionError`) are
 :class:`~anisotropy_spark.worker_errors.WorkerError`: the driver receives them as their own class.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,10 @@ class InvalidRowError(WorkerError, InvalidRowsError):
     reason: str
 
     def message(self) -> str:
-        return (f"invalid input row: {self.reason} in column {self.column!r}, {self.id_col} [{self.row_id}]; "
-                "nothing was written. Fix the input or set on_invalid: quarantine.")
+        return (
+            f"invalid input row: {self.reason} in column {self.column!r}, {self.id_col} [{self.row_id}]; "
+            "nothing was written. Fix the input or set on_invalid: quarantine."
+        )
 
 
 class ForeignDimensionError(WorkerError, ValueError):
@@ -128,23 +131,24 @@ def squared_lengths(matrix: np.ndarray) -> np.ndarray:
     return squared
 
 
-def check_batch(batch: pa.RecordBatch, vector_col: str, id_col: str | None, dimension: int,
-                max_norm: float | None = None) -> CheckedBatch:
+def check_batch(
+    batch: pa.RecordBatch, vector_col: str, id_col: str | None, dimension: int, max_norm: float | None = None
+) -> CheckedBatch:
     """Apply the contract to ``batch`` (``vector_col`` list<float|double>); ``id_col`` None skips ``null_id``,
     ``max_norm`` None skips ``norm_outlier`` (rows longer than it are invalid)."""
     column = vector_column(batch, vector_col)
     rows = len(column)
     offsets = np.asarray(column.offsets)
     lengths = np.diff(offsets)
-    values = column.values.to_numpy(zero_copy_only=False)        # float32 stays float32; null elements → NaN
+    values = column.values.to_numpy(zero_copy_only=False)  # float32 stays float32; null elements → NaN
     null_vector = column.is_null().to_numpy(zero_copy_only=False) if column.null_count else np.zeros(rows, bool)
     shaped = ~null_vector & (lengths == dimension)
     if shaped.all():
         start = offsets[0] if rows else 0
-        matrix = values[start:start + rows * dimension].reshape(rows, dimension)
+        matrix = values[start : start + rows * dimension].reshape(rows, dimension)
     else:
         matrix = values[offsets[:-1][shaped][:, None] + np.arange(dimension)]
-    with np.errstate(over="ignore", invalid="ignore"):          # NaN, Inf and overflow are reported as reasons
+    with np.errstate(over="ignore", invalid="ignore"):  # NaN, Inf and overflow are reported as reasons
         squared = squared_lengths(matrix)
     finite = np.isfinite(matrix).all(axis=1)
     overflow = finite & ~np.isfinite(squared)
@@ -155,7 +159,7 @@ def check_batch(batch: pa.RecordBatch, vector_col: str, id_col: str | None, dime
         ids = batch.column(batch.schema.get_field_index(id_col))
         if ids.null_count:
             null_id = ids.is_null().to_numpy(zero_copy_only=False)
-    kept = finite & ~overflow & nonzero & ~outlier & ~null_id[shaped]           # over the rows of ``matrix``
+    kept = finite & ~overflow & nonzero & ~outlier & ~null_id[shaped]  # over the rows of ``matrix``
     valid = shaped.copy()
     valid[shaped] = kept
     if valid.all():

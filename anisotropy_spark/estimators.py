@@ -30,6 +30,7 @@ so :meth:`CorrectionModel.from_artifact` and :meth:`CorrectionModel.load` return
 ``outputCol`` (cluster recentering also writes the cluster id) by overriding
 :meth:`CorrectionModel.extra_output_fields` and :meth:`CorrectionModel.batch_outputs`.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -39,8 +40,16 @@ import numpy as np
 import pyarrow as pa
 from pyspark.ml import Estimator, Model
 from pyspark.ml.param import Param
-from pyspark.ml.util import (DefaultParamsReadable, DefaultParamsReader, DefaultParamsWritable,
-                             DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter)
+from pyspark.ml.util import (
+    DefaultParamsReadable,
+    DefaultParamsReader,
+    DefaultParamsWritable,
+    DefaultParamsWriter,
+    MLReadable,
+    MLReader,
+    MLWritable,
+    MLWriter,
+)
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import ArrayType, DoubleType, FloatType, StringType, StructField, StructType
 
@@ -49,17 +58,39 @@ from anisotropy_core.artifact import Artifact, ArtifactError, build_manifest, lo
 from anisotropy_core.flow import FlowTransform, fit_flow
 from anisotropy_core.methods import Method, OutputDtype, param_name, settings_of
 from anisotropy_core.moments import Moments
-from anisotropy_core.transforms import (AbttPcaAbtt, AllButTheTop, FitData, FittedTransform, Whitening, fit_abtt,
-                                        fit_abtt_pca_abtt, fit_center, fit_whitening)
+from anisotropy_core.transforms import (
+    AbttPcaAbtt,
+    AllButTheTop,
+    FitData,
+    FittedTransform,
+    Whitening,
+    fit_abtt,
+    fit_abtt_pca_abtt,
+    fit_center,
+    fit_whitening,
+)
 
 from .arrow import batch_matrix, matrix_column
-from .contract import (REASON_COLUMN, ForeignDimensionError, SchemaError, TransformRowError, check_batch,
-                       first_invalid_error)
+from .contract import (
+    REASON_COLUMN,
+    ForeignDimensionError,
+    SchemaError,
+    TransformRowError,
+    check_batch,
+    first_invalid_error,
+)
 from .diagnostics import sample_rows
 from .io import TableRef, as_vector_array, infer_dimension
 from .moments import arrow_batch_rows, corpus_moments
-from .params import (HandleInvalid, _AbttPcaAbttParams, _AllButTheTopParams, _CorrectionParams, _FlowParams,
-                     _TransformParams, _WhiteningParams)
+from .params import (
+    HandleInvalid,
+    _AbttPcaAbttParams,
+    _AllButTheTopParams,
+    _CorrectionParams,
+    _FlowParams,
+    _TransformParams,
+    _WhiteningParams,
+)
 from .table_files import TableFiles
 from .worker_errors import raised_in_workers
 
@@ -89,8 +120,9 @@ def register_estimator(method: Method) -> Callable[[type], type]:
     return decorate
 
 
-def estimator_for(method: str, params: Mapping[str, Any] | None = None,
-                  input_col: str = "vector") -> "CorrectionEstimator":
+def estimator_for(
+    method: str, params: Mapping[str, Any] | None = None, input_col: str = "vector"
+) -> "CorrectionEstimator":
     """The Estimator of correction ``method`` reading ``input_col``, with ``params`` given by config key
     (snake_case, e.g. ``{"D": 3, "max_D": 5}`` or ``{"k": 8, "distance_measure": "cosine"}``: see
     :func:`~anisotropy_core.methods.param_name`); None values keep the Param's default. A value its Param's
@@ -102,8 +134,7 @@ def estimator_for(method: str, params: Mapping[str, Any] | None = None,
     for key, value in (params or {}).items():
         name = param_name(key)
         if not estimator.hasParam(name):
-            raise ValueError(f"{method}: unknown parameter {key!r}; "
-                             f"known: {sorted(p.name for p in estimator.params)}")
+            raise ValueError(f"{method}: unknown parameter {key!r}; known: {sorted(p.name for p in estimator.params)}")
         if value is not None:
             try:
                 estimator._set(**{name: value})
@@ -157,6 +188,7 @@ def _add_setters(cls: type, params: Sequence[str]) -> None:
     setter for."""
     for name in params:
         if not hasattr(cls, _setter_name(name)):
+
             def set_param(self, value, name=name):
                 return self._set(**{name: value})
 
@@ -176,8 +208,8 @@ class CorrectionEstimator(Estimator, _CorrectionParams, DefaultParamsReadable, D
     default and constraint (from :mod:`anisotropy_core.methods`).
     """
 
-    model_class: type["CorrectionModel"]   # set below, once CorrectionModel exists
-    moment_based = True                    # the fit is a function of the merged moments (see fitMoments)
+    model_class: type["CorrectionModel"]  # set below, once CorrectionModel exists
+    moment_based = True  # the fit is a function of the merged moments (see fitMoments)
 
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)
@@ -203,9 +235,11 @@ class CorrectionEstimator(Estimator, _CorrectionParams, DefaultParamsReadable, D
         a job that already ran the moments pass over those rows (the nightly's diagnosis) reuses it. Only for
         ``moment_based`` methods; below n = d, :meth:`fit` takes the Gram route over the rows themselves."""
         if not self.canFitMoments(state):
-            raise ValueError(f"{type(self).__name__} does not fit from moments; call fit on the rows"
-                             if not self.moment_based else
-                             f"fitMoments needs n >= d (got n={state.n}, d={state.d}); call fit on the rows")
+            raise ValueError(
+                f"{type(self).__name__} does not fit from moments; call fit on the rows"
+                if not self.moment_based
+                else f"fitMoments needs n >= d (got n={state.n}, d={state.d}); call fit on the rows"
+            )
         return self._model(self._fit_moments(state), state.n)
 
     def canFitMoments(self, state: Moments) -> bool:
@@ -311,10 +345,16 @@ class WhiteningEstimator(CorrectionEstimator, _WhiteningParams):
     2
     """
 
-
     def _fit_moments(self, state):
-        return fit_whitening(state, k=self.getK(), shrinkage=self.getShrinkage(), eps=self.getEps(),
-                             zca=self.getZca(), normalize=self.getNormalize(), exclude=self.getExclude())
+        return fit_whitening(
+            state,
+            k=self.getK(),
+            shrinkage=self.getShrinkage(),
+            eps=self.getEps(),
+            zca=self.getZca(),
+            normalize=self.getNormalize(),
+            exclude=self.getExclude(),
+        )
 
 
 @register_estimator(Method.ABTT_PCA_ABTT)
@@ -365,9 +405,15 @@ class FlowEstimator(CorrectionEstimator, _FlowParams):
 
     def _fit_transform(self, vectors, col, d):
         sample, _ = sample_rows(vectors, col, d, [], self.getSampleSize(), self.getSeed())
-        transform = fit_flow(sample, couplings=self.getCouplings(), hidden=self.getHidden(), steps=self.getSteps(),
-                             batch_size=self.getBatchSize(), learning_rate=self.getLearningRate(),
-                             seed=self.getSeed())
+        transform = fit_flow(
+            sample,
+            couplings=self.getCouplings(),
+            hidden=self.getHidden(),
+            steps=self.getSteps(),
+            batch_size=self.getBatchSize(),
+            learning_rate=self.getLearningRate(),
+            seed=self.getSeed(),
+        )
         return transform, int(sample.shape[0])
 
 
@@ -428,8 +474,9 @@ class CorrectionModel(Model, _CorrectionParams, _TransformParams, MLReadable, ML
         subclass or below it, else :class:`ArtifactError`."""
         model_cls = model_class_for(artifact.transform.method)
         if not issubclass(model_cls, cls):
-            raise ArtifactError(f"a {artifact.transform.method} artifact loads as {model_cls.__name__}, "
-                                f"not as {cls.__name__}")
+            raise ArtifactError(
+                f"a {artifact.transform.method} artifact loads as {model_cls.__name__}, not as {cls.__name__}"
+            )
         model = model_cls(artifact.transform, artifact.manifest["n"], artifact.manifest["fitted_on"])
         return model.withFittedParams()._set(inputCol=inputCol, outputCol=outputCol)
 
@@ -507,17 +554,29 @@ class CorrectionModel(Model, _CorrectionParams, _TransformParams, MLReadable, ML
         col, out, handle = self.getInputCol(), self.getOutputCol(), self.getHandleInvalid()
         input_type = schema[col].dataType
         if not (isinstance(input_type, ArrayType) and isinstance(input_type.elementType, (FloatType, DoubleType))):
-            raise SchemaError(f"vector column {col!r} has type {input_type.simpleString()}; expected array<float> or "
-                              "array<double>")
+            raise SchemaError(
+                f"vector column {col!r} has type {input_type.simpleString()}; expected array<float> or array<double>"
+            )
         out_type = output_element_type(self.getOutputDtype(), input_type.elementType)
         extra = self.extra_output_fields()
         reason = [StructField(REASON_COLUMN, StringType(), True)] if handle == "keep" else []
         written = {out, *(f.name for f in extra + reason)}
         fields = [f for f in schema.fields if f.name not in written]
-        vectors = StructField(out, ArrayType(out_type, containsNull=False), True)   # null rows, never null elements
-        return (apply_batches(self.transform_, col, out, [f.name for f in extra], self.batch_outputs(),
-                              numpy_dtype(out_type), handle, self.getIdCol(), self.getMaxNorm()),
-                StructType(fields + [vectors] + extra + reason))
+        vectors = StructField(out, ArrayType(out_type, containsNull=False), True)  # null rows, never null elements
+        return (
+            apply_batches(
+                self.transform_,
+                col,
+                out,
+                [f.name for f in extra],
+                self.batch_outputs(),
+                numpy_dtype(out_type),
+                handle,
+                self.getIdCol(),
+                self.getMaxNorm(),
+            ),
+            StructType(fields + [vectors] + extra + reason),
+        )
 
     def write(self) -> MLWriter:
         return _CorrectionWriter(self)
@@ -548,9 +607,17 @@ def numpy_dtype(element_type: FloatType | DoubleType) -> type:
     return np.float32 if isinstance(element_type, FloatType) else np.float64
 
 
-def apply_batches(transform: FittedTransform, vector_col: str, output_col: str, extra_cols: Sequence[str] = (),
-                  outputs: BatchOutputs | None = None, output_dtype: type = np.float64,
-                  handle_invalid: str = "unchecked", id_col: str = "id", max_norm: float | None = None):
+def apply_batches(
+    transform: FittedTransform,
+    vector_col: str,
+    output_col: str,
+    extra_cols: Sequence[str] = (),
+    outputs: BatchOutputs | None = None,
+    output_dtype: type = np.float64,
+    handle_invalid: str = "unchecked",
+    id_col: str = "id",
+    max_norm: float | None = None,
+):
     """``mapInArrow`` function: each batch's (B, d_in) vectors (read in the column's element type) → (B, d_out)
     ``output_col`` of ``output_dtype`` (computed in float64 block by block, then cast and checked finite by
     :func:`~anisotropy_core.transforms.map_blocks`), then the ``extra_cols`` (each a length-B Arrow array),
@@ -593,8 +660,7 @@ def apply_batches(transform: FittedTransform, vector_col: str, output_col: str, 
                     valid = checked.valid
                 matrix = checked.matrix
                 if keep:
-                    reasons = [pa.array(checked.reasons if valid is not None else [None] * batch.num_rows,
-                                        pa.string())]
+                    reasons = [pa.array(checked.reasons if valid is not None else [None] * batch.num_rows, pa.string())]
             result, extra = mapped_rows(compute, matrix, output_dtype, batch, valid, vector_col)
             if len(extra) != len(extra_cols):
                 raise ValueError(f"batch function returned {len(extra)} extra columns, expected {extra_cols}")
@@ -602,13 +668,20 @@ def apply_batches(transform: FittedTransform, vector_col: str, output_col: str, 
             columns = [batch.column(batch.schema.get_field_index(n)) for n in names]
             yield pa.RecordBatch.from_arrays(
                 columns + [matrix_column(result, output_dtype, valid)] + [spread(e, valid) for e in extra] + reasons,
-                names + written)
+                names + written,
+            )
 
     return run
 
 
-def mapped_rows(compute: BatchOutputs, matrix: np.ndarray, output_dtype: type, batch: pa.RecordBatch,
-                valid: np.ndarray | None, vector_col: str) -> "tuple[np.ndarray, list[pa.Array]]":
+def mapped_rows(
+    compute: BatchOutputs,
+    matrix: np.ndarray,
+    output_dtype: type,
+    batch: pa.RecordBatch,
+    valid: np.ndarray | None,
+    vector_col: str,
+) -> "tuple[np.ndarray, list[pa.Array]]":
     """``compute(matrix, output_dtype)`` for the rows ``matrix`` of ``batch`` (the ``valid`` ones; None: all), a
     ValueError naming a row (e.g. a non-finite output after the cast) re-raised as
     :class:`~anisotropy_spark.contract.TransformRowError` naming the column and that row's other values."""

@@ -14,6 +14,7 @@
   where every candidate's cosine is computed.
 * **A sample of corpus rows** (:func:`sample_rows`): the seeded rows the neighbour-overlap check queries with.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,11 +54,14 @@ def require_integral(df: DataFrame, column: str, role: str) -> None:
     if isinstance(kind, T.ArrayType):
         kind = kind.elementType
     if not isinstance(kind, INTEGRAL):
-        raise ValueError(f"{role} column {column!r} must hold integer ids for the evaluation, got {kind.simpleString()}")
+        raise ValueError(
+            f"{role} column {column!r} must hold integer ids for the evaluation, got {kind.simpleString()}"
+        )
 
 
-def read_queries(spark: SparkSession, path: str, id_col: str, vector_col: str, relevant_col: str,
-                 dimension: int) -> QuerySet:
+def read_queries(
+    spark: SparkSession, path: str, id_col: str, vector_col: str, relevant_col: str, dimension: int
+) -> QuerySet:
     """Load a queries table (Delta or Parquet: query id, query vector, relevant id or list of ids)."""
     df, _ = read_table(spark, path, None)
     for column, role in ((id_col, "query id"), (relevant_col, "relevant")):
@@ -68,14 +72,20 @@ def read_queries(spark: SparkSession, path: str, id_col: str, vector_col: str, r
         raise ValueError(f"queries table {path} is empty")
     vectors = batch_matrix(table.combine_chunks().to_batches()[0], vector_col, dimension)
     if not np.isfinite(vectors).all():
-        raise ValueError(f"queries table {path}: non-finite query vector at row {int(np.argmin(np.isfinite(vectors).all(axis=1)))}")
+        raise ValueError(
+            f"queries table {path}: non-finite query vector at row {int(np.argmin(np.isfinite(vectors).all(axis=1)))}"
+        )
     ids = np.asarray(table.column(id_col).to_numpy(zero_copy_only=False), dtype=np.int64)
-    relevant = [np.atleast_1d(np.asarray(r if r is not None else [], dtype=np.int64))
-                for r in table.column(relevant_col).to_pylist()]
+    relevant = [
+        np.atleast_1d(np.asarray(r if r is not None else [], dtype=np.int64))
+        for r in table.column(relevant_col).to_pylist()
+    ]
     empty = [i for i, r in enumerate(relevant) if r.size == 0]
     if empty:
-        raise ValueError(f"queries table {path}: {len(empty)} query(ies) without a relevant id, first "
-                         f"{id_col}={ids[empty[0]]}; recall and nDCG are undefined for them")
+        raise ValueError(
+            f"queries table {path}: {len(empty)} query(ies) without a relevant id, first "
+            f"{id_col}={ids[empty[0]]}; recall and nDCG are undefined for them"
+        )
     return QuerySet(ids, vectors, relevant)
 
 
@@ -88,10 +98,18 @@ class Entry:
     rows: np.ndarray
 
 
-def distributed_top_k(df: DataFrame, vector_col: str, id_col: str, dimension: int,
-                      candidates: Mapping[str, FittedTransform | None], queries: np.ndarray, k: int,
-                      query_ids: np.ndarray | None = None, rows: Mapping[str, np.ndarray] | None = None,
-                      corpus_rows: np.ndarray | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def distributed_top_k(
+    df: DataFrame,
+    vector_col: str,
+    id_col: str,
+    dimension: int,
+    candidates: Mapping[str, FittedTransform | None],
+    queries: np.ndarray,
+    k: int,
+    query_ids: np.ndarray | None = None,
+    rows: Mapping[str, np.ndarray] | None = None,
+    corpus_rows: np.ndarray | None = None,
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Exact cosine top-k of raw ``queries`` (m, d) over ``df`` for every candidate transform (None = raw), in
     one pass (module docstring).
 
@@ -106,18 +124,28 @@ def distributed_top_k(df: DataFrame, vector_col: str, id_col: str, dimension: in
     names = list(candidates)
     own = np.ones(m, dtype=bool) if corpus_rows is None else np.asarray(corpus_rows, dtype=bool)
     qids = None if query_ids is None else np.asarray(query_ids, dtype=np.int64)
-    entries = [Entry(candidates[name], np.arange(m) if rows is None or name not in rows
-                     else np.asarray(rows[name], dtype=np.int64)) for name in names]
+    entries = [
+        Entry(
+            candidates[name],
+            np.arange(m) if rows is None or name not in rows else np.asarray(rows[name], dtype=np.int64),
+        )
+        for name in names
+    ]
     distinct = list({id(e.transform): e.transform for e in entries}.values())
     slot = {id(t): i for i, t in enumerate(distinct)}
     per_transform = [unit_rows(t.apply(queries) if t is not None else queries) for t in distinct]
-    plan = []                              # (transform slot, unit queries (m_e, d_out), own ids (m_e,) or None)
+    plan = []  # (transform slot, unit queries (m_e, d_out), own ids (m_e,) or None)
     for name, entry in zip(names, entries):
         excluded = own[entry.rows] if qids is not None else np.zeros(entry.rows.shape[0], dtype=bool)
         if excluded.any() and not excluded.all():
             raise ValueError(f"entry {name!r} mixes queries that are corpus rows with queries that are not")
-        plan.append((slot[id(entry.transform)], per_transform[slot[id(entry.transform)]][entry.rows],
-                     qids[entry.rows] if qids is not None and excluded.any() else None))
+        plan.append(
+            (
+                slot[id(entry.transform)],
+                per_transform[slot[id(entry.transform)]][entry.rows],
+                qids[entry.rows] if qids is not None and excluded.any() else None,
+            )
+        )
     wanted = np.unique(qids[own]) if qids is not None else np.zeros(0, dtype=np.int64)
     sizes = [p[1].shape[0] for p in plan]
     shared = df.sparkSession.sparkContext.broadcast((plan, wanted))
@@ -130,14 +158,20 @@ def distributed_top_k(df: DataFrame, vector_col: str, id_col: str, dimension: in
             if not batch.num_rows:
                 continue
             x = batch_matrix(batch, vector_col, dimension)
-            ids = np.asarray(batch.column(batch.schema.get_field_index(id_col)).to_numpy(zero_copy_only=False),
-                             dtype=np.int64)
+            ids = np.asarray(
+                batch.column(batch.schema.get_field_index(id_col)).to_numpy(zero_copy_only=False), dtype=np.int64
+            )
             found |= np.isin(ids_wanted, ids)
             docs = [t.apply(x) if t is not None else x for t in distinct]
             for e, (t_slot, q, own_ids) in enumerate(entries_):
                 best[e] = merge_top_k(best[e], block_top_k(q, docs[t_slot], ids, k, own_ids))
-        payload = b"".join([np.concatenate([s.ravel() for s, _ in best]).tobytes(),
-                            np.concatenate([i.ravel() for _, i in best]).tobytes(), found.tobytes()])
+        payload = b"".join(
+            [
+                np.concatenate([s.ravel() for s, _ in best]).tobytes(),
+                np.concatenate([i.ravel() for _, i in best]).tobytes(),
+                found.tobytes(),
+            ]
+        )
         yield pa.RecordBatch.from_pydict({"payload": [payload]}, schema=pa.schema([("payload", pa.binary())]))
 
     total = sum(sizes) * k
@@ -159,8 +193,10 @@ def distributed_top_k(df: DataFrame, vector_col: str, id_col: str, dimension: in
     finally:
         shared.unpersist()
     if not found.all():
-        raise ValueError(f"query id {int(wanted[np.argmin(found)])} is not an id of the corpus: a query marked as a "
-                         "corpus row (exclude_self) must be one")
+        raise ValueError(
+            f"query id {int(wanted[np.argmin(found)])} is not an id of the corpus: a query marked as a "
+            "corpus row (exclude_self) must be one"
+        )
     return dict(zip(names, merged))
 
 
@@ -186,15 +222,27 @@ class PairRows:
         return np.concatenate([self.a, self.b])[np.sort(first)]
 
 
-def pair_rows(df: DataFrame, vector_col: str, id_col: str, dimension: int, pairs: DataFrame, id_a: str = "id_a",
-              id_b: str = "id_b", score: str = "score") -> PairRows:
+def pair_rows(
+    df: DataFrame,
+    vector_col: str,
+    id_col: str,
+    dimension: int,
+    pairs: DataFrame,
+    id_a: str = "id_a",
+    id_b: str = "id_b",
+    score: str = "score",
+) -> PairRows:
     """The pairs table joined with the corpus ``df``, collected (:class:`PairRows`). Raises naming the first pair
     whose id is not in the corpus (never a silent drop) or whose score is null."""
     require_columns(pairs.columns, [id_a, id_b, score], "pairs")
     corpus = df.select(F.col(id_col).alias("_id"), F.col(vector_col).alias("_v"))
-    joined = (pairs.select(F.col(id_a).alias("_a"), F.col(id_b).alias("_b"), F.col(score).cast("double").alias("_s"))
-              .join(corpus.withColumnRenamed("_v", "_va"), F.col("_a") == F.col("_id"), "left").drop("_id")
-              .join(corpus.withColumnRenamed("_v", "_vb"), F.col("_b") == F.col("_id"), "left").drop("_id"))
+    joined = (
+        pairs.select(F.col(id_a).alias("_a"), F.col(id_b).alias("_b"), F.col(score).cast("double").alias("_s"))
+        .join(corpus.withColumnRenamed("_v", "_va"), F.col("_a") == F.col("_id"), "left")
+        .drop("_id")
+        .join(corpus.withColumnRenamed("_v", "_vb"), F.col("_b") == F.col("_id"), "left")
+        .drop("_id")
+    )
     table = joined.select("_a", "_b", "_s", "_va", "_vb").toArrow().combine_chunks()
     if table.num_rows == 0:
         raise ValueError("pairs table is empty")
@@ -203,11 +251,18 @@ def pair_rows(df: DataFrame, vector_col: str, id_col: str, dimension: int, pairs
     if bad.any():
         i = int(np.argmax(bad))
         a, b = table.column("_a")[i].as_py(), table.column("_b")[i].as_py()
-        raise ValueError(f"pair ({id_a}={a}, {id_b}={b}): "
-                         + ("score is null" if not gold[i].is_valid else "id not found in the corpus"))
+        raise ValueError(
+            f"pair ({id_a}={a}, {id_b}={b}): "
+            + ("score is null" if not gold[i].is_valid else "id not found in the corpus")
+        )
     batch = table.to_batches()[0]
-    return PairRows(table.column("_a").to_numpy(zero_copy_only=False), table.column("_b").to_numpy(zero_copy_only=False),
-                    gold.to_numpy(), batch_matrix(batch, "_va", dimension), batch_matrix(batch, "_vb", dimension))
+    return PairRows(
+        table.column("_a").to_numpy(zero_copy_only=False),
+        table.column("_b").to_numpy(zero_copy_only=False),
+        gold.to_numpy(),
+        batch_matrix(batch, "_va", dimension),
+        batch_matrix(batch, "_vb", dimension),
+    )
 
 
 def pair_cosines(rows: PairRows, transform: FittedTransform | None) -> np.ndarray:
@@ -224,12 +279,18 @@ def integral_ids(df: DataFrame, id_col: str) -> tuple[DataFrame, str]:
     return df.withColumn("_row_hash", F.xxhash64(F.col(id_col))), "_row_hash"
 
 
-def sample_rows(df: DataFrame, vector_col: str, id_col: str, dimension: int, size: int,
-                seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def sample_rows(
+    df: DataFrame, vector_col: str, id_col: str, dimension: int, size: int, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """(ids (s,) int64, vectors (s, d)) of ``size`` corpus rows chosen by a seeded hash of the (integer) id: the
     same rows for the same ids and seed, in one pass (each partition keeps its ``size`` lowest hashes)."""
-    table = (df.select(id_col, vector_col).orderBy(F.xxhash64(F.col(id_col), F.lit(seed)), id_col).limit(size)
-             .toArrow().combine_chunks())
+    table = (
+        df.select(id_col, vector_col)
+        .orderBy(F.xxhash64(F.col(id_col), F.lit(seed)), id_col)
+        .limit(size)
+        .toArrow()
+        .combine_chunks()
+    )
     if table.num_rows == 0:
         raise ValueError("no corpus rows to sample")
     ids = np.asarray(table.column(id_col).to_numpy(zero_copy_only=False), dtype=np.int64)

@@ -26,6 +26,7 @@ itself, its artifact and its query side).
 * **Raw against corrected** (:func:`space_quality`): the same factory and nprobe built on the raw vectors and on
   the corrected ones, with imbalance, recall and search time of each.
 """
+
 from __future__ import annotations
 
 import os
@@ -63,8 +64,7 @@ class Sample:
     ids: np.ndarray
 
 
-def draw(df: DataFrame, vector_col: str, id_col: str, dimension: int, size: int, seed: int,
-         total: int) -> Sample:
+def draw(df: DataFrame, vector_col: str, id_col: str, dimension: int, size: int, seed: int, total: int) -> Sample:
     """A uniform sample of about ``size`` rows of ``df`` (``total`` rows) with their ids."""
     vectors, columns = sample_rows(df, vector_col, dimension, [id_col], size, seed, total)
     return Sample(vectors, core.integral_ids(columns[id_col], f"id column {id_col!r}"))
@@ -75,16 +75,24 @@ def space_of(vectors: np.ndarray, transform: FittedTransform | None) -> np.ndarr
     return transform.apply(vectors) if transform is not None else vectors
 
 
-def train_on_sample(factory: str, sample: Sample, total: int, transform: FittedTransform | None = None
-                    ) -> tuple[faiss.Index, str]:
+def train_on_sample(
+    factory: str, sample: Sample, total: int, transform: FittedTransform | None = None
+) -> tuple[faiss.Index, str]:
     """(the trained empty index, its factory string): ``{nlist}`` sized from ``total`` (the corpus rows, not the
     sample's), trained on ``sample`` mapped by ``transform``."""
     resolved = core.factory_for(factory, total)
     return core.train_index(resolved, space_of(sample.vectors, transform)), resolved
 
 
-def add_in_tasks(df: DataFrame, vector_col: str, id_col: str, dimension: int, trained: faiss.Index,
-                 shard_dir: str, transform: FittedTransform | None = None) -> list[str]:
+def add_in_tasks(
+    df: DataFrame,
+    vector_col: str,
+    id_col: str,
+    dimension: int,
+    trained: faiss.Index,
+    shard_dir: str,
+    transform: FittedTransform | None = None,
+) -> list[str]:
     """Add every row of ``df`` to a copy of ``trained`` per partition (one shard each, written under
     ``shard_dir``); returns the shards' paths in partition order (partitions without rows write none).
     A task's retry rewrites the same shard path atomically."""
@@ -99,8 +107,10 @@ def add_in_tasks(df: DataFrame, vector_col: str, id_col: str, dimension: int, tr
                 continue
             ids = batch.column(batch.schema.get_field_index(id_col))
             if ids.null_count:
-                raise ValueError(f"null id in column {id_col!r} at batch row {ids.is_null().index(True).as_py()} "
-                                 f"of partition {partition}: every indexed row needs an id")
+                raise ValueError(
+                    f"null id in column {id_col!r} at batch row {ids.is_null().index(True).as_py()} "
+                    f"of partition {partition}: every indexed row needs an id"
+                )
             vectors = space_of(batch_matrix(batch, vector_col, dimension), transform)
             core.add_vectors(index, ids.to_numpy(zero_copy_only=False), vectors)
         if not index.ntotal:
@@ -164,16 +174,26 @@ def merge_on_disk(trained: faiss.Index, paths: list[str], workspace: str) -> fai
             copies.append(name)
             local[i] = name
     try:
-        return core.merge_shards_ondisk(trained, [name for name in local if name is not None],
-                                        os.path.join(workspace, core.IVFDATA_FILE))
+        return core.merge_shards_ondisk(
+            trained, [name for name in local if name is not None], os.path.join(workspace, core.IVFDATA_FILE)
+        )
     finally:
         for name in copies:
             os.unlink(name)
 
 
-def build_index(df: DataFrame, vector_col: str, id_col: str, dimension: int, factory: str, work_dir: str,
-                sample: Sample, total: int, transform: FittedTransform | None = None,
-                merge_memory_mb: float | None = None) -> BuiltIndex:
+def build_index(
+    df: DataFrame,
+    vector_col: str,
+    id_col: str,
+    dimension: int,
+    factory: str,
+    work_dir: str,
+    sample: Sample,
+    total: int,
+    transform: FittedTransform | None = None,
+    merge_memory_mb: float | None = None,
+) -> BuiltIndex:
     """The index of every row of ``df`` (:class:`BuiltIndex`): trained on ``sample`` (driver), filled in Spark
     tasks (shards under ``work_dir/_shards/<build id>``, removed after the merge), merged on the driver — in
     memory, or on disk (module docstring) when the shards hold more than ``merge_memory_mb`` MiB (None: always in
@@ -188,12 +208,18 @@ def build_index(df: DataFrame, vector_col: str, id_col: str, dimension: int, fac
         paths = add_in_tasks(df, vector_col, id_col, dimension, trained, shard_dir, transform)
         shard_bytes = sum(storage.size(path) for path in paths)
         on_disk = merge_memory_mb is not None and shard_bytes > merge_memory_mb * MIB
-        merge = {"mode": "on_disk" if on_disk else "memory", "shards": len(paths), "shard_bytes": int(shard_bytes),
-                 "merge_memory_mb": merge_memory_mb}
+        merge = {
+            "mode": "on_disk" if on_disk else "memory",
+            "shards": len(paths),
+            "shard_bytes": int(shard_bytes),
+            "merge_memory_mb": merge_memory_mb,
+        }
         if on_disk and (not core.is_ivf(trained) or isinstance(core.ivf_of(trained), faiss.IndexIVFPQR)):
-            raise MergeBudgetError(f"the shards of {resolved!r} hold {shard_bytes / MIB:.1f} MiB, more than merge_memory_mb "
-                             f"{merge_memory_mb}, but only an IVF index (other than IVFPQR) can be merged on disk: "
-                             f"raise merge_memory_mb or use an IVF factory")
+            raise MergeBudgetError(
+                f"the shards of {resolved!r} hold {shard_bytes / MIB:.1f} MiB, more than merge_memory_mb "
+                f"{merge_memory_mb}, but only an IVF index (other than IVFPQR) can be merged on disk: "
+                f"raise merge_memory_mb or use an IVF factory"
+            )
         if on_disk:
             workspace = merge_workspace(work_dir, build)
             index = merge_on_disk(trained, paths, workspace)
@@ -208,17 +234,32 @@ def build_index(df: DataFrame, vector_col: str, id_col: str, dimension: int, fac
     return BuiltIndex(index, resolved, merge, workspace)
 
 
-def exact_ids(df: DataFrame, vector_col: str, id_col: str, dimension: int, queries: Sample, k: int,
-              spaces: dict[str, FittedTransform | None]) -> dict[str, np.ndarray]:
+def exact_ids(
+    df: DataFrame,
+    vector_col: str,
+    id_col: str,
+    dimension: int,
+    queries: Sample,
+    k: int,
+    spaces: dict[str, FittedTransform | None],
+) -> dict[str, np.ndarray]:
     """{space: (m, k) exact top-k ids of the ``queries`` over ``df`` (a query's own row excluded)} in each space
     (None: the vectors as stored), in one distributed pass."""
     top = distributed_top_k(df, vector_col, id_col, dimension, spaces, queries.vectors, k, queries.ids)
     return {name: ids for name, (_, ids) in top.items()}
 
 
-def exact_ids_and_labelled(df: DataFrame, vector_col: str, id_col: str, dimension: int, queries: Sample, k: int,
-                           labelled: np.ndarray, labelled_ids: np.ndarray, exclude_self: bool
-                           ) -> tuple[np.ndarray, np.ndarray]:
+def exact_ids_and_labelled(
+    df: DataFrame,
+    vector_col: str,
+    id_col: str,
+    dimension: int,
+    queries: Sample,
+    k: int,
+    labelled: np.ndarray,
+    labelled_ids: np.ndarray,
+    exclude_self: bool,
+) -> tuple[np.ndarray, np.ndarray]:
     """(exact top-k ids (m, k) of the sampled ``queries`` (own row excluded), exact top-k ids (l, k) of the
     ``labelled`` query vectors (l, d), already in the index's space) over ``df``, in ONE distributed pass.
     ``exclude_self``: the labelled queries are corpus rows and never retrieve the row with their own id."""
@@ -226,26 +267,60 @@ def exact_ids_and_labelled(df: DataFrame, vector_col: str, id_col: str, dimensio
     stacked = np.concatenate([np.asarray(queries.vectors, dtype=np.float64), np.asarray(labelled, dtype=np.float64)])
     ids = np.concatenate([queries.ids, np.asarray(labelled_ids, dtype=np.int64)])
     own = np.concatenate([np.ones(m, dtype=bool), np.full(count, bool(exclude_self))])
-    top = distributed_top_k(df, vector_col, id_col, dimension, {"sample": None, "labelled": None}, stacked, k, ids,
-                            rows={"sample": np.arange(m), "labelled": np.arange(m, m + count)}, corpus_rows=own)
+    top = distributed_top_k(
+        df,
+        vector_col,
+        id_col,
+        dimension,
+        {"sample": None, "labelled": None},
+        stacked,
+        k,
+        ids,
+        rows={"sample": np.arange(m), "labelled": np.arange(m, m + count)},
+        corpus_rows=own,
+    )
     return top["sample"][1], top["labelled"][1]
 
 
-def verify_ndcg(index: faiss.Index, transform: FittedTransform | None, raw_queries: np.ndarray,
-                query_ids: np.ndarray, relevant: list[np.ndarray], exact: np.ndarray, k: int, nprobe: int,
-                max_drop: float, exclude_self: bool = False) -> dict:
+def verify_ndcg(
+    index: faiss.Index,
+    transform: FittedTransform | None,
+    raw_queries: np.ndarray,
+    query_ids: np.ndarray,
+    relevant: list[np.ndarray],
+    exact: np.ndarray,
+    k: int,
+    nprobe: int,
+    max_drop: float,
+    exclude_self: bool = False,
+) -> dict:
     """nDCG@k of ``index`` at ``nprobe`` on labelled raw queries (searched as :class:`anisotropy_core.index.Searcher`
     does: :func:`anisotropy_core.index.search_raw` with ``transform``) and of the ``exact`` (l, k) top-k ids of the
     same queries in the same space: {"queries", "k", "nprobe", "index", "exact", "drop" (exact − index),
     "max_ndcg_drop", "passed" (drop ≤ max_drop)}."""
     found, _ = core.search_raw(index, transform, raw_queries, k, nprobe, query_ids if exclude_self else None)
     measured, best = ndcg_at_k(found, relevant), ndcg_at_k(exact, relevant)
-    return {"queries": int(len(query_ids)), "k": int(k), "nprobe": int(nprobe), "index": measured, "exact": best,
-            "drop": best - measured, "max_ndcg_drop": float(max_drop), "passed": bool(best - measured <= max_drop)}
+    return {
+        "queries": int(len(query_ids)),
+        "k": int(k),
+        "nprobe": int(nprobe),
+        "index": measured,
+        "exact": best,
+        "drop": best - measured,
+        "max_ndcg_drop": float(max_drop),
+        "passed": bool(best - measured <= max_drop),
+    }
 
 
-def verify_index(index: faiss.Index, queries: Sample, exact: np.ndarray, k: int, target: float,
-                 nprobe: int | None = None, transform: FittedTransform | None = None) -> dict:
+def verify_index(
+    index: faiss.Index,
+    queries: Sample,
+    exact: np.ndarray,
+    k: int,
+    target: float,
+    nprobe: int | None = None,
+    transform: FittedTransform | None = None,
+) -> dict:
     """Recall of ``index`` against the ``exact`` (m, k) ids of ``queries`` (mapped by ``transform``):
     {"queries", "k", "target", "nprobe_curve", "nprobe", "recall@k", "passed"}. ``nprobe`` None: the smallest of
     the curve reaching ``target`` (else the largest tried, and not passed); an int: that one."""
@@ -258,13 +333,32 @@ def verify_index(index: faiss.Index, queries: Sample, exact: np.ndarray, k: int,
     if not at:
         core.set_nprobe(index, chosen)
         at = [core.recall_against(core.search_excluding(index, x, k, queries.ids)[1], exact)]
-    return {"queries": int(len(queries.ids)), "k": int(k), "target": float(target), "nprobe_curve": curve,
-            "nprobe": int(chosen), f"recall@{k}": float(at[0]), "passed": bool(at[0] >= target)}
+    return {
+        "queries": int(len(queries.ids)),
+        "k": int(k),
+        "target": float(target),
+        "nprobe_curve": curve,
+        "nprobe": int(chosen),
+        f"recall@{k}": float(at[0]),
+        "passed": bool(at[0] >= target),
+    }
 
 
-def space_quality(df: DataFrame, vector_col: str, id_col: str, dimension: int, factory: str, nprobe: int,
-                  transform: FittedTransform, work_dir: str, sample: Sample, queries: Sample, total: int,
-                  k: int = 10, merge_memory_mb: float | None = None) -> dict:
+def space_quality(
+    df: DataFrame,
+    vector_col: str,
+    id_col: str,
+    dimension: int,
+    factory: str,
+    nprobe: int,
+    transform: FittedTransform,
+    work_dir: str,
+    sample: Sample,
+    queries: Sample,
+    total: int,
+    k: int = 10,
+    merge_memory_mb: float | None = None,
+) -> dict:
     """What the correction does to the index: {"raw": …, "corrected": …} (each
     :func:`anisotropy_core.index.index_quality`: imbalance factor, recall@k against exact search in that space,
     seconds to search the queries), both indexes of ``factory`` searched at ``nprobe``, built from the raw rows
@@ -272,13 +366,15 @@ def space_quality(df: DataFrame, vector_col: str, id_col: str, dimension: int, f
     (merged as :func:`build_index` with ``merge_memory_mb``)."""
     spaces = {"raw": None, "corrected": transform}
     exact = exact_ids(df, vector_col, id_col, dimension, queries, k, spaces)
-    report: dict[str, Any] = {}     # space → its index_quality, and the factory
+    report: dict[str, Any] = {}  # space → its index_quality, and the factory
     for name, mapping in spaces.items():
-        built = build_index(df, vector_col, id_col, dimension, factory, work_dir, sample, total, mapping,
-                            merge_memory_mb)
+        built = build_index(
+            df, vector_col, id_col, dimension, factory, work_dir, sample, total, mapping, merge_memory_mb
+        )
         try:
-            report[name] = core.index_quality(built.index, space_of(queries.vectors, mapping), exact[name], k,
-                                              nprobe, queries.ids)
+            report[name] = core.index_quality(
+                built.index, space_of(queries.vectors, mapping), exact[name], k, nprobe, queries.ids
+            )
         finally:
             built.close()
     report["factory"] = factory

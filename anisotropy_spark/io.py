@@ -14,6 +14,7 @@ after the pass: :func:`validate` takes it from the pass's length sketch and, onl
 above ``max_norm_ratio`` × median, counts the invalid rows again with that limit (reason ``norm_outlier``) and
 recomputes the moments without them, as it does for duplicated ids.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -121,12 +122,17 @@ def count_invalid(df: DataFrame, vector_col: str, id_col: str, dimension: int, m
             state.add(check_batch(batch, vector_col, id_col, dimension, max_norm), batch.column(0))
         yield pa.RecordBatch.from_pydict({"tally": [state.to_json()]})
 
-    return tree_reduce(df.select(id_col, vector_col).mapInArrow(tally, "tally string").rdd
-                       .map(lambda row: Tally.from_json(row["tally"])), Tally.merge)
+    return tree_reduce(
+        df.select(id_col, vector_col)
+        .mapInArrow(tally, "tally string")
+        .rdd.map(lambda row: Tally.from_json(row["tally"])),
+        Tally.merge,
+    )
 
 
-def _filtered(df: DataFrame, vector_col: str, id_col: str, dimension: int, keep_valid: bool,
-              max_norm: float | None = None) -> DataFrame:
+def _filtered(
+    df: DataFrame, vector_col: str, id_col: str, dimension: int, keep_valid: bool, max_norm: float | None = None
+) -> DataFrame:
     """``df`` restricted to its valid rows (``keep_valid``) or to its invalid rows plus ``invalid_reason``; rows
     longer than ``max_norm`` (when given) are invalid."""
     fields = list(df.schema.fields) + ([] if keep_valid else [StructField(REASON_COLUMN, StringType(), False)])
@@ -147,16 +153,28 @@ def _filtered(df: DataFrame, vector_col: str, id_col: str, dimension: int, keep_
     return df.mapInArrow(split, StructType(fields))
 
 
-def valid_rows(df: DataFrame, vector_col: str, id_col: str, dimension: int, tally: Tally,
-               max_norm: float | None = None) -> DataFrame:
+def valid_rows(
+    df: DataFrame, vector_col: str, id_col: str, dimension: int, tally: Tally, max_norm: float | None = None
+) -> DataFrame:
     """The valid rows of ``df`` for a later pass: ``df`` itself when ``tally`` (of the same pinned input, counted
     with the same ``max_norm``) found no invalid row, else a filtering Arrow pass."""
     return df if tally.total == 0 else _filtered(df, vector_col, id_col, dimension, True, max_norm)
 
 
-def settle_invalid(df: DataFrame, tally: Tally, vector_col: str, id_col: str, dimension: int,
-                   on_invalid: str, quarantine_path: str | None, *, duplicates: Duplicates | None = None,
-                   run_id: str | None = None, input_version: int | None = None, max_norm: float | None = None) -> None:
+def settle_invalid(
+    df: DataFrame,
+    tally: Tally,
+    vector_col: str,
+    id_col: str,
+    dimension: int,
+    on_invalid: str,
+    quarantine_path: str | None,
+    *,
+    duplicates: Duplicates | None = None,
+    run_id: str | None = None,
+    input_version: int | None = None,
+    max_norm: float | None = None,
+) -> None:
     """Act on the invalid rows ``tally`` counted in ``df`` (with ``max_norm``) and the ``duplicates`` among its
     valid rows: raise
     :class:`InvalidRowsError` with reason counts and sample ids (``'error'``), or add them with
@@ -188,11 +206,11 @@ class ValidatedInput:
     dimension: int
     invalid_count: int
     invalid_by_reason: dict[str, int]
-    moments: Moments | None = None     # the valid rows' merged moments (``with_moments``), else None
-    drawn: pa.Table | None = None      # valid rows drawn in the moments pass for ``sample`` (see :func:`validate`)
-    reader: str | None = None          # what read the moments pass (``with_moments``): "pyarrow" or "spark (…)"
+    moments: Moments | None = None  # the valid rows' merged moments (``with_moments``), else None
+    drawn: pa.Table | None = None  # valid rows drawn in the moments pass for ``sample`` (see :func:`validate`)
+    reader: str | None = None  # what read the moments pass (``with_moments``): "pyarrow" or "spark (…)"
     median_length: float | None = None  # the valid rows' median length, from the pass's sketch (None: no sketch)
-    max_norm: float | None = None      # the norm-outlier limit (None: the rule off); rows above it are invalid
+    max_norm: float | None = None  # the norm-outlier limit (None: the rule off); rows above it are invalid
     duplicates: Duplicates | None = None  # the ids held by more than one otherwise-valid row (every copy left out)
 
 
@@ -201,11 +219,21 @@ def require_column(df: DataFrame, column: str, role: str) -> None:
     require_columns(df.columns, [column], role)
 
 
-def validate(df: DataFrame, vector_col: str, id_col: str, dimension: int | None = None,
-             on_invalid: str = "error", quarantine_path: str | None = None, *, run_id: str | None = None,
-             input_version: int | None = None, with_moments: bool = False,
-             sample: RowSample | None = None, files: TableFiles | None = None,
-             max_norm_ratio: float | None = None) -> ValidatedInput:
+def validate(
+    df: DataFrame,
+    vector_col: str,
+    id_col: str,
+    dimension: int | None = None,
+    on_invalid: str = "error",
+    quarantine_path: str | None = None,
+    *,
+    run_id: str | None = None,
+    input_version: int | None = None,
+    with_moments: bool = False,
+    sample: RowSample | None = None,
+    files: TableFiles | None = None,
+    max_norm_ratio: float | None = None,
+) -> ValidatedInput:
     """Count the invalid rows of ``df`` (one pass over id + vector, nothing cached) and the duplicated ids among
     the others (one aggregate over the ids), act on them (:func:`settle_invalid`) and return the valid rows:
     neither invalid nor sharing an id.
@@ -234,24 +262,47 @@ def validate(df: DataFrame, vector_col: str, id_col: str, dimension: int | None 
         if with_moments:
             state, drawn, reader = scanned.moments, scanned.drawn, scanned.reader
         threshold = norm_limit(median, max_norm_ratio)
-        if threshold is not None and scanned.lengths.maximum > threshold:     # else nothing more to read
+        if threshold is not None and scanned.lengths.maximum > threshold:  # else nothing more to read
             limit = threshold
             tally = count_invalid(df, vector_col, id_col, d, limit)
     else:
         tally = count_invalid(df, vector_col, id_col, d)
     valid = valid_rows(df, vector_col, id_col, d, tally, limit)
     duplicates = find_duplicates(valid, id_col)
-    settle_invalid(df, tally, vector_col, id_col, d, on_invalid, quarantine_path, duplicates=duplicates,
-                   run_id=run_id, input_version=input_version, max_norm=limit)
+    settle_invalid(
+        df,
+        tally,
+        vector_col,
+        id_col,
+        d,
+        on_invalid,
+        quarantine_path,
+        duplicates=duplicates,
+        run_id=run_id,
+        input_version=input_version,
+        max_norm=limit,
+    )
     valid = duplicates.drop_from(valid)
     found = tally.merge(duplicates.tally)
-    set_aside = [why for why, count in (("the duplicated ids", duplicates.tally.total),
-                                        ("the norm outliers", limit is not None)) if count]
+    set_aside = [
+        why
+        for why, count in (("the duplicated ids", duplicates.tally.total), ("the norm outliers", limit is not None))
+        if count
+    ]
     if state is not None and set_aside:
         state, drawn = corpus_moments(valid, vector_col, d), None
         reader = f"{reader}; the moments again through Spark, without {' and '.join(set_aside)}"
     if valid.isEmpty() if state is None else state.n == 0:
         raise InvalidRowsError(f"no valid rows left in column {vector_col!r} after validation ({found.counts})")
-    return ValidatedInput(valid=valid, dimension=d, invalid_count=found.total, invalid_by_reason=found.counts,
-                          moments=state, drawn=drawn, reader=reader, median_length=median, max_norm=threshold,
-                          duplicates=duplicates)
+    return ValidatedInput(
+        valid=valid,
+        dimension=d,
+        invalid_count=found.total,
+        invalid_by_reason=found.counts,
+        moments=state,
+        drawn=drawn,
+        reader=reader,
+        median_length=median,
+        max_norm=threshold,
+        duplicates=duplicates,
+    )

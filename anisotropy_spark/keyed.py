@@ -13,6 +13,7 @@ the shuffle then carries slots × keys states, not input partitions × keys (one
 A single record holding all k states of a task (k·d²·8 bytes: 302 MB for 64 clusters × 768²) exhausts the JVM
 heap when the JVM pickles it for Python.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Iterable, Iterator, Mapping
@@ -48,12 +49,16 @@ def keyed_batches(states: Mapping[bytes, bytes]) -> Iterator[pa.RecordBatch]:
 
 
 def _keyed_batch(chunk: Mapping[bytes, bytes]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays([pa.array(list(chunk), pa.binary()), pa.array(list(chunk.values()), pa.binary())],
-                                      schema=_ARROW_KEYED_SCHEMA)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(list(chunk), pa.binary()), pa.array(list(chunk.values()), pa.binary())], schema=_ARROW_KEYED_SCHEMA
+    )
 
 
-def fold_by_key(df: DataFrame, fold: Callable[[Iterator[pa.RecordBatch]], Mapping[bytes, bytes]],
-                merge: Callable[[bytes, bytes], bytes]) -> dict[bytes, bytes]:
+def fold_by_key(
+    df: DataFrame,
+    fold: Callable[[Iterator[pa.RecordBatch]], Mapping[bytes, bytes]],
+    merge: Callable[[bytes, bytes], bytes],
+) -> dict[bytes, bytes]:
     """``{key: merged payload}``: ``fold(a partition's Arrow batches of df) -> {key: payload}`` on each partition
     of ``df`` coalesced to the task slots, the payloads of one key then combined with ``merge(a, b) -> bytes``."""
 

@@ -37,6 +37,7 @@ deterministic given the seed and the input's partitioning (Spark sorts before a 
 that the rows a partition gets are deterministic; the in-memory passes are bit-identical from run to run
 when the shuffle serves the map outputs in the same order, as in local mode).
 """
+
 from __future__ import annotations
 
 import base64
@@ -52,27 +53,56 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, FloatType, IntegerType, StructField
 
-from anisotropy_core.cluster_diagnostics import ClusterTable, cluster_diagnostics, cluster_moments, merge_cluster_moments
+from anisotropy_core.cluster_diagnostics import (
+    ClusterTable,
+    cluster_diagnostics,
+    cluster_moments,
+    merge_cluster_moments,
+)
 from anisotropy_core.cluster_recenter import ClusterRecenter, kmeans_info
-from anisotropy_core.kmeans import (DEFAULT_CORRECTED_ITER, DEFAULT_INIT_STEPS, DEFAULT_MAX_ITER, DEFAULT_OVERSAMPLING,
-                                    DEFAULT_REFINE_PASSES, DEFAULT_SAMPLE_SIZE, DEFAULT_TOL, ClusterState, KeyedSample,
-                                    KMeansResult, Refine, Step, assign, blocks_state, check_metric, lloyd, prepare,
-                                    row_norms_squared, sample_threshold, sampled_kmeans)
+from anisotropy_core.kmeans import (
+    DEFAULT_CORRECTED_ITER,
+    DEFAULT_INIT_STEPS,
+    DEFAULT_MAX_ITER,
+    DEFAULT_OVERSAMPLING,
+    DEFAULT_REFINE_PASSES,
+    DEFAULT_SAMPLE_SIZE,
+    DEFAULT_TOL,
+    ClusterState,
+    KeyedSample,
+    KMeansResult,
+    Refine,
+    Step,
+    assign,
+    blocks_state,
+    check_metric,
+    lloyd,
+    prepare,
+    row_norms_squared,
+    sample_threshold,
+    sampled_kmeans,
+)
 from anisotropy_core.moments import Moments
 from anisotropy_core.row_keys import KEY_BITS, split_row_ids
 
 from .arrow import batch_matrix
-from .estimators import (BatchOutputs, CorrectionEstimator, CorrectionModel, read_only, register_estimator,
-                         register_model_class)
+from .estimators import (
+    BatchOutputs,
+    CorrectionEstimator,
+    CorrectionModel,
+    read_only,
+    register_estimator,
+    register_model_class,
+)
 from .io import as_vector_array, infer_dimension
 from .keyed import coalesce_to_slots, fold_by_key, merge_moments_bytes
 from .params import _ClusterRecenterParams
 from .tree_reduce import tree_reduce
 
 STATE_SCHEMA = pa.schema([("state", pa.binary())])
-ROW_ID_COL, KEY_COL, VECTOR_COL = "row_id", "key", "vector"   # the sample pass's columns (vectors renamed)
-IN_MEMORY_REFINE_PASSES = 10      # full Lloyd passes when the table is refined in memory
-ALL_GATHER_BYTES = 64 << 20       # largest allGather answer (all tasks' states; Spark's RPC limit is 128 MiB)
+ROW_ID_COL, KEY_COL, VECTOR_COL = "row_id", "key", "vector"  # the sample pass's columns (vectors renamed)
+IN_MEMORY_REFINE_PASSES = 10  # full Lloyd passes when the table is refined in memory
+ALL_GATHER_BYTES = 64 << 20  # largest allGather answer (all tasks' states; Spark's RPC limit is 128 MiB)
 
 Fold = Callable[[Iterator[np.ndarray]], Any]
 
@@ -98,11 +128,12 @@ def sample_key(seed: int, row_id: Column) -> Column:
     """The uniform key in [0, 1) of the row whose ``monotonically_increasing_id()`` is ``row_id``, for ``seed``:
     what :func:`anisotropy_core.row_keys.row_keys` computes in numpy, bit for bit."""
     hashed = F.xxhash64(F.lit(seed).cast("long"), row_id)
-    return F.shiftrightunsigned(hashed, 64 - KEY_BITS).cast("double") * F.lit(2.0 ** -KEY_BITS)
+    return F.shiftrightunsigned(hashed, 64 - KEY_BITS).cast("double") * F.lit(2.0**-KEY_BITS)
 
 
-def sample_pass(vectors: DataFrame, vector_col: str, dimension: int, seed: int, size: int,
-                n: int | None = None) -> KeyedSample:
+def sample_pass(
+    vectors: DataFrame, vector_col: str, dimension: int, seed: int, size: int, n: int | None = None
+) -> KeyedSample:
     """Uniform :class:`KeyedSample` of at most ``size`` rows of the table (the ``size`` smallest keys).
 
     ``n``: the row count (default: ``vectors.count()``, a JVM-side pass). The keys are computed on the JVM
@@ -113,23 +144,27 @@ def sample_pass(vectors: DataFrame, vector_col: str, dimension: int, seed: int, 
     the pass repeated, so the result is always the exact sample, and the driver gets about 2 · ``size`` rows at
     most."""
     n = vectors.count() if n is None else n
-    with_ids = vectors.select(F.monotonically_increasing_id().alias(ROW_ID_COL),
-                              F.col(vector_col).alias(VECTOR_COL))
+    with_ids = vectors.select(F.monotonically_increasing_id().alias(ROW_ID_COL), F.col(vector_col).alias(VECTOR_COL))
     keyed = with_ids.select(sample_key(seed, F.col(ROW_ID_COL)).alias(KEY_COL), ROW_ID_COL, VECTOR_COL)
     below = sample_threshold(n, size)
     while True:
         table = keyed.where(F.col(KEY_COL) < below).toArrow()
-        sample = KeyedSample.of_candidates(table.column(KEY_COL).to_numpy(),
-                                         batch_matrix(table, VECTOR_COL, dimension, dtype=None),
-                                         split_row_ids(table.column(ROW_ID_COL).to_numpy()), n, size)
+        sample = KeyedSample.of_candidates(
+            table.column(KEY_COL).to_numpy(),
+            batch_matrix(table, VECTOR_COL, dimension, dtype=None),
+            split_row_ids(table.column(ROW_ID_COL).to_numpy()),
+            n,
+            size,
+        )
         if sample.complete or below >= 1.0:
             return sample
-        n = vectors.count()          # a wrong n, or the < 1e-15 miss: then twice the bound (≈ 2 · size rows)
+        n = vectors.count()  # a wrong n, or the < 1e-15 miss: then twice the bound (≈ 2 · size rows)
         below = min(1.0, max(2.0 * below, sample_threshold(n, size)))
 
 
-def assignment_pass(vectors: DataFrame, vector_col: str, dimension: int, centroids: np.ndarray,
-                    metric: str) -> ClusterState:
+def assignment_pass(
+    vectors: DataFrame, vector_col: str, dimension: int, centroids: np.ndarray, metric: str
+) -> ClusterState:
     """One full Lloyd pass: per-cluster sums, counts, inertia and farthest points of every row against
     ``centroids`` (k, d)."""
     centroids = np.asarray(centroids, dtype=np.float64)
@@ -148,8 +183,9 @@ def streaming_refine(vectors: DataFrame, vector_col: str, dimension: int, metric
     (:func:`assignment_pass`)."""
 
     def refine(start: np.ndarray, passes: int, tol: float, step: Step | None) -> KMeansResult:
-        result = lloyd(lambda c: assignment_pass(vectors, vector_col, dimension, c, metric), start, metric, passes,
-                       tol, step)
+        result = lloyd(
+            lambda c: assignment_pass(vectors, vector_col, dimension, c, metric), start, metric, passes, tol, step
+        )
         result.refinement = "streaming"
         return result
 
@@ -171,15 +207,17 @@ def in_memory_refine(vectors: DataFrame, vector_col: str, dimension: int, metric
     def refine(start: np.ndarray, passes: int, tol: float, step: Step | None) -> KMeansResult:
         def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             context = BarrierTaskContext.get()
-            blocks = [prepare(batch_matrix(b, vector_col, dimension, dtype=None), metric) for b in batches
-                      if b.num_rows]
+            blocks = [
+                prepare(batch_matrix(b, vector_col, dimension, dtype=None), metric) for b in batches if b.num_rows
+            ]
             squares = [row_norms_squared(block) for block in blocks]
 
             def full_pass(centroids: np.ndarray) -> ClusterState:
                 local = blocks_state(blocks, squares, centroids, metric)
                 gathered = context.allGather(base64.b64encode(local.to_bytes()).decode("ascii"))
-                return functools.reduce(ClusterState.merge, (ClusterState.from_bytes(base64.b64decode(state))
-                                                             for state in gathered))
+                return functools.reduce(
+                    ClusterState.merge, (ClusterState.from_bytes(base64.b64decode(state)) for state in gathered)
+                )
 
             result = lloyd(full_pass, start, metric, passes, tol, step)
             if context.partitionId() == 0:
@@ -201,8 +239,9 @@ def task_slots(context: SparkContext) -> int:
     return int(jvm_context.maxNumConcurrentTasks(jvm_context.resourceProfileManager().resourceProfileFromId(0)))
 
 
-def fits_in_memory(n: int, dimension: int, itemsize: int, k: int, slots: int, task_memory: int,
-                   sample_rows: int = 0) -> bool:
+def fits_in_memory(
+    n: int, dimension: int, itemsize: int, k: int, slots: int, task_memory: int, sample_rows: int = 0
+) -> bool:
     """True when the in-memory refinement may run: each of ``slots`` tasks holds ⌈n / slots⌉ rows of
     ``dimension`` × ``itemsize`` bytes, plus ``sample_rows`` sample rows when a corrected step travels with
     every task, within ``task_memory``, and one allGather of all tasks' k-cluster states (base64) stays within
@@ -212,12 +251,23 @@ def fits_in_memory(n: int, dimension: int, itemsize: int, k: int, slots: int, ta
     return 0 < share <= task_memory and gathered <= ALL_GATHER_BYTES
 
 
-def fit_kmeans(df: DataFrame, vector_col: str, k: int, metric: str = "euclidean", seed: int = 0,
-               max_iter: int = DEFAULT_MAX_ITER, tol: float = DEFAULT_TOL, init_steps: int = DEFAULT_INIT_STEPS,
-               oversampling: float = DEFAULT_OVERSAMPLING, init: np.ndarray | None = None,
-               dimension: int | None = None, sample_size: int = DEFAULT_SAMPLE_SIZE,
-               refine_passes: int | None = None, task_memory: int = 0,
-               corrected_iter: int | None = None) -> KMeansResult:
+def fit_kmeans(
+    df: DataFrame,
+    vector_col: str,
+    k: int,
+    metric: str = "euclidean",
+    seed: int = 0,
+    max_iter: int = DEFAULT_MAX_ITER,
+    tol: float = DEFAULT_TOL,
+    init_steps: int = DEFAULT_INIT_STEPS,
+    oversampling: float = DEFAULT_OVERSAMPLING,
+    init: np.ndarray | None = None,
+    dimension: int | None = None,
+    sample_size: int = DEFAULT_SAMPLE_SIZE,
+    refine_passes: int | None = None,
+    task_memory: int = 0,
+    corrected_iter: int | None = None,
+) -> KMeansResult:
     """Distributed k-means (module docstring: sample pass, sample fit, full refinement passes) of the valid
     vector column ``vector_col`` (``array<float>``, ``array<double>`` or VectorUDT).
 
@@ -236,9 +286,9 @@ def fit_kmeans(df: DataFrame, vector_col: str, k: int, metric: str = "euclidean"
     d = dimension if dimension is not None else infer_dimension(vectors, vector_col)
     n = vectors.count()
     slots = task_slots(vectors.sparkSession.sparkContext)
-    data_type = vectors.schema[vector_col].dataType       # array<float> or array<double> (as_vector_array)
+    data_type = vectors.schema[vector_col].dataType  # array<float> or array<double> (as_vector_array)
     itemsize = 4 if isinstance(data_type, ArrayType) and isinstance(data_type.elementType, FloatType) else 8
-    held_sample = min(sample_size, n) if corrected_iter else 0     # in memory the default is 0: no sample held
+    held_sample = min(sample_size, n) if corrected_iter else 0  # in memory the default is 0: no sample held
     if fits_in_memory(n, d, itemsize, k, slots, task_memory, held_sample):
         refine = in_memory_refine(vectors, vector_col, d, metric, slots)
         passes, corrected = IN_MEMORY_REFINE_PASSES, 0
@@ -246,13 +296,26 @@ def fit_kmeans(df: DataFrame, vector_col: str, k: int, metric: str = "euclidean"
         refine = streaming_refine(vectors, vector_col, d, metric)
         passes, corrected = DEFAULT_REFINE_PASSES, DEFAULT_CORRECTED_ITER
     sample = sample_pass(vectors, vector_col, d, seed, sample_size, n)
-    return sampled_kmeans(sample, vectors.rdd.getNumPartitions(), refine, k, metric, seed, max_iter, tol, init,
-                          init_steps, oversampling, passes if refine_passes is None else refine_passes,
-                          corrected if corrected_iter is None else corrected_iter)
+    return sampled_kmeans(
+        sample,
+        vectors.rdd.getNumPartitions(),
+        refine,
+        k,
+        metric,
+        seed,
+        max_iter,
+        tol,
+        init,
+        init_steps,
+        oversampling,
+        passes if refine_passes is None else refine_passes,
+        corrected if corrected_iter is None else corrected_iter,
+    )
 
 
-def cluster_moments_pass(vectors: DataFrame, vector_col: str, dimension: int, centroids: np.ndarray,
-                         metric: str) -> list[Moments]:
+def cluster_moments_pass(
+    vectors: DataFrame, vector_col: str, dimension: int, centroids: np.ndarray, metric: str
+) -> list[Moments]:
     """One pass: the k :class:`Moments` states (raw vectors, float64) of the clusters of ``centroids`` (k, d).
 
     A task (one per slot, :func:`~anisotropy_spark.keyed.fold_by_key`) holds its k states (k·d²·8 bytes,
@@ -267,39 +330,52 @@ def cluster_moments_pass(vectors: DataFrame, vector_col: str, dimension: int, ce
         for batch in batches:
             if batch.num_rows:
                 x = batch_matrix(batch, vector_col, dimension, dtype=None)
-                states = merge_cluster_moments(states, cluster_moments(x, assign(prepare(x, metric), centroids,
-                                                                                 metric)[0], k))
+                states = merge_cluster_moments(
+                    states, cluster_moments(x, assign(prepare(x, metric), centroids, metric)[0], k)
+                )
         return {_cluster_key(c): s.to_bytes() for c, s in enumerate(states) if s.n}
 
     merged = fold_by_key(vectors.select(vector_col), fold, merge_moments_bytes)
-    return [Moments.from_bytes(merged[_cluster_key(c)]) if _cluster_key(c) in merged else Moments.empty(d)
-            for c in range(k)]
+    return [
+        Moments.from_bytes(merged[_cluster_key(c)]) if _cluster_key(c) in merged else Moments.empty(d) for c in range(k)
+    ]
 
 
 def _cluster_key(cluster: int) -> bytes:
     return cluster.to_bytes(4, "little")
 
 
-def spark_fit_cluster_recenter(vectors: DataFrame, vector_col: str, dimension: int, k: int, n_directions: int = 0,
-                               metric: str = "euclidean", seed: int = 0, max_iter: int = DEFAULT_MAX_ITER,
-                               tol: float = DEFAULT_TOL, init_steps: int = DEFAULT_INIT_STEPS,
-                               task_memory: int = 0) -> tuple[ClusterRecenter, list[Moments]]:
+def spark_fit_cluster_recenter(
+    vectors: DataFrame,
+    vector_col: str,
+    dimension: int,
+    k: int,
+    n_directions: int = 0,
+    metric: str = "euclidean",
+    seed: int = 0,
+    max_iter: int = DEFAULT_MAX_ITER,
+    tol: float = DEFAULT_TOL,
+    init_steps: int = DEFAULT_INIT_STEPS,
+    task_memory: int = 0,
+) -> tuple[ClusterRecenter, list[Moments]]:
     """The Spark counterpart of :func:`anisotropy_core.cluster_recenter.fit_cluster_recenter` (same parameter
     names): k-means of the valid ``vector_col`` (:func:`fit_kmeans`, ``task_memory`` as there), then one pass for
     the k per-cluster :class:`Moments`; returns the fitted :class:`ClusterRecenter` (``n_directions`` — the
     estimator's ``D`` — within-cluster directions removed per cluster) and those states (what
     :func:`~anisotropy_core.cluster_diagnostics.cluster_diagnostics` reads)."""
     metric = check_metric(metric)
-    result = fit_kmeans(vectors, vector_col, k, metric, seed, max_iter, tol, init_steps, dimension=dimension,
-                        task_memory=task_memory)
-    states = cluster_moments_pass(as_vector_array(vectors.select(vector_col), vector_col), vector_col, dimension,
-                                  result.centroids, metric)
-    return (ClusterRecenter.from_moments(result.centroids, states, n_directions, metric, kmeans_info(result)),
-            states)
+    result = fit_kmeans(
+        vectors, vector_col, k, metric, seed, max_iter, tol, init_steps, dimension=dimension, task_memory=task_memory
+    )
+    states = cluster_moments_pass(
+        as_vector_array(vectors.select(vector_col), vector_col), vector_col, dimension, result.centroids, metric
+    )
+    return (ClusterRecenter.from_moments(result.centroids, states, n_directions, metric, kmeans_info(result)), states)
 
 
-def spark_cluster_diagnostics(df: DataFrame, vector_col: str, centroids: np.ndarray, metric: str = "euclidean",
-                              dimension: int | None = None) -> ClusterTable:
+def spark_cluster_diagnostics(
+    df: DataFrame, vector_col: str, centroids: np.ndarray, metric: str = "euclidean", dimension: int | None = None
+) -> ClusterTable:
     """Per-cluster diagnosis table of ``df`` for the clusters of ``centroids`` (k, d): one pass, then
     :func:`anisotropy_core.cluster_diagnostics.cluster_diagnostics` (see there for the returned dict)."""
     vectors = as_vector_array(df.select(vector_col), vector_col)
@@ -371,11 +447,20 @@ class ClusterRecenterEstimator(CorrectionEstimator, _ClusterRecenterParams):
 
     model_class = ClusterRecenterModel
     moment_based = False
-    _input_kwargs: dict[str, Any]       # set by pyspark's @keyword_only
+    _input_kwargs: dict[str, Any]  # set by pyspark's @keyword_only
 
     def _fit_transform(self, vectors: DataFrame, col: str, d: int) -> tuple[ClusterRecenter, int]:
-        transform, _ = spark_fit_cluster_recenter(vectors, col, d, self.getK(), n_directions=self.getD(),
-                                                  metric=self.getDistanceMeasure(), seed=self.getSeed(),
-                                                  max_iter=self.getMaxIter(), tol=self.getTol(),
-                                                  init_steps=self.getInitSteps(), task_memory=self.getTaskMemory())
+        transform, _ = spark_fit_cluster_recenter(
+            vectors,
+            col,
+            d,
+            self.getK(),
+            n_directions=self.getD(),
+            metric=self.getDistanceMeasure(),
+            seed=self.getSeed(),
+            max_iter=self.getMaxIter(),
+            tol=self.getTol(),
+            init_steps=self.getInitSteps(),
+            task_memory=self.getTaskMemory(),
+        )
         return transform, int(transform.sizes.sum())

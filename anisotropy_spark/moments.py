@@ -12,6 +12,7 @@ workers as float32 and are cast to float64 one batch at a time.
 The batches come from Spark's scan (``mapInArrow``) or, given the table's data files, from pyarrow reading each file
 in a Spark task of its own (:mod:`.table_files`: no row → Arrow conversion on the JVM); the fold is the same.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,12 +32,25 @@ from .table_files import TableFiles, pyarrow_or_spark
 from .tree_reduce import tree_reduce
 
 STATE_SCHEMA = "n long, payload binary, tally string, partition int, sample binary, lengths binary"
-_ARROW_STATE_SCHEMA = pa.schema([("n", pa.int64()), ("payload", pa.binary()), ("tally", pa.string()),
-                                 ("partition", pa.int32()), ("sample", pa.binary()), ("lengths", pa.binary())])
+_ARROW_STATE_SCHEMA = pa.schema(
+    [
+        ("n", pa.int64()),
+        ("payload", pa.binary()),
+        ("tally", pa.string()),
+        ("partition", pa.int32()),
+        ("sample", pa.binary()),
+        ("lengths", pa.binary()),
+    ]
+)
 
 
-def fold_partition(batches: Iterator[pa.RecordBatch], vector_col: str, id_col: str | None, dimension: int,
-                   sample: RowSample | None = None) -> dict:
+def fold_partition(
+    batches: Iterator[pa.RecordBatch],
+    vector_col: str,
+    id_col: str | None,
+    dimension: int,
+    sample: RowSample | None = None,
+) -> dict:
     """One partition's Arrow batches → one state row (:data:`STATE_SCHEMA`): its valid rows' Moments, the Tally of
     its invalid rows (``id_col`` None: no ``null_id`` check and no sample ids), the LengthSketch of its valid rows
     and, with ``sample``, the valid rows it drew (:class:`~.row_sample.PartitionSampler`), with its partition index."""
@@ -51,16 +65,23 @@ def fold_partition(batches: Iterator[pa.RecordBatch], vector_col: str, id_col: s
             lengths = lengths.merge(LengthSketch.of(checked.lengths))
             if sampler:
                 sampler.add(batch, checked.valid)
-    return {"n": state.n, "payload": state.to_bytes(), "tally": tally.to_json(), "partition": partition,
-            "sample": sampler.payload() if sampler else None, "lengths": lengths.to_bytes()}
+    return {
+        "n": state.n,
+        "payload": state.to_bytes(),
+        "tally": tally.to_json(),
+        "partition": partition,
+        "sample": sampler.payload() if sampler else None,
+        "lengths": lengths.to_bytes(),
+    }
 
 
 def partition_moments(vector_col: str, id_col: str | None, dimension: int, sample: RowSample | None = None):
     """Return a ``mapInArrow`` function folding a partition into one row (:func:`fold_partition`)."""
 
     def fold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield pa.RecordBatch.from_pylist([fold_partition(batches, vector_col, id_col, dimension, sample)],
-                                         schema=_ARROW_STATE_SCHEMA)
+        yield pa.RecordBatch.from_pylist(
+            [fold_partition(batches, vector_col, id_col, dimension, sample)], schema=_ARROW_STATE_SCHEMA
+        )
 
     return fold
 
@@ -77,8 +98,14 @@ class CheckedPass:
     lengths: LengthSketch
 
 
-def checked_pass(df: DataFrame, vector_col: str, id_col: str | None, dimension: int,
-                 sample: RowSample | None = None, files: TableFiles | None = None) -> CheckedPass:
+def checked_pass(
+    df: DataFrame,
+    vector_col: str,
+    id_col: str | None,
+    dimension: int,
+    sample: RowSample | None = None,
+    files: TableFiles | None = None,
+) -> CheckedPass:
     """One pass over ``df`` (vectors ``array<float|double>``) → :class:`CheckedPass`; the drawn rows are the
     valid rows drawn for ``sample`` — its vector and ``columns`` — or None without ``sample`` or when none was drawn.
 
@@ -91,8 +118,9 @@ def checked_pass(df: DataFrame, vector_col: str, id_col: str | None, dimension: 
     columns = list(dict.fromkeys([vector_col] + ([id_col] if id_col else []) + list(sample.columns if sample else [])))
 
     def read_spark():
-        return _merged(df.select(*columns).mapInArrow(partition_moments(vector_col, id_col, dimension, sample),
-                                                      STATE_SCHEMA).rdd)
+        return _merged(
+            df.select(*columns).mapInArrow(partition_moments(vector_col, id_col, dimension, sample), STATE_SCHEMA).rdd
+        )
 
     if files is None:
         state, tally, drawn, lengths = read_spark()
@@ -101,17 +129,26 @@ def checked_pass(df: DataFrame, vector_col: str, id_col: str | None, dimension: 
     def read_files(found: TableFiles):
         spark = df.sparkSession
         rows = arrow_batch_rows(spark, dimension, found.item_bytes(vector_col))
-        return _merged(found.fold(spark, columns, rows,
-                                  lambda batches: fold_partition(batches, vector_col, id_col, dimension, sample)))
+        return _merged(
+            found.fold(
+                spark, columns, rows, lambda batches: fold_partition(batches, vector_col, id_col, dimension, sample)
+            )
+        )
 
-    (state, tally, drawn, lengths), reader = pyarrow_or_spark(files, columns, read_files, read_spark,
-                                                              lambda result: result[0].n + result[1].total)
+    (state, tally, drawn, lengths), reader = pyarrow_or_spark(
+        files, columns, read_files, read_spark, lambda result: result[0].n + result[1].total
+    )
     return CheckedPass(state, tally, drawn, reader, lengths)
 
 
-def checked_moments(df: DataFrame, vector_col: str, id_col: str | None, dimension: int,
-                    sample: RowSample | None = None,
-                    files: TableFiles | None = None) -> tuple[Moments, Tally, pa.Table | None, str]:
+def checked_moments(
+    df: DataFrame,
+    vector_col: str,
+    id_col: str | None,
+    dimension: int,
+    sample: RowSample | None = None,
+    files: TableFiles | None = None,
+) -> tuple[Moments, Tally, pa.Table | None, str]:
     """(moments, tally, drawn, reader) of :func:`checked_pass`."""
     found = checked_pass(df, vector_col, id_col, dimension, sample, files)
     return found.moments, found.tally, found.drawn, found.reader
@@ -130,10 +167,16 @@ def _merged(states: RDD) -> tuple[Moments, Tally, pa.Table | None, LengthSketch]
     """The state rows of :func:`fold_partition` (Rows or dicts) merged by ``treeReduce`` → (Moments, Tally, the
     drawn rows in partition order or None, LengthSketch)."""
     state, tally, drawn, lengths = tree_reduce(
-        states.map(lambda row: (Moments.from_bytes(bytes(row["payload"])), Tally.from_json(row["tally"]),
-                                [(row["partition"], bytes(row["sample"]))] if row["sample"] is not None else [],
-                                LengthSketch.from_bytes(bytes(row["lengths"])))),
-        lambda a, b: (a[0].merge(b[0]), a[1].merge(b[1]), a[2] + b[2], a[3].merge(b[3])))
+        states.map(
+            lambda row: (
+                Moments.from_bytes(bytes(row["payload"])),
+                Tally.from_json(row["tally"]),
+                [(row["partition"], bytes(row["sample"]))] if row["sample"] is not None else [],
+                LengthSketch.from_bytes(bytes(row["lengths"])),
+            )
+        ),
+        lambda a, b: (a[0].merge(b[0]), a[1].merge(b[1]), a[2] + b[2], a[3].merge(b[3])),
+    )
     return state, tally, rows_of_payloads([payload for _, payload in sorted(drawn)]), lengths
 
 
@@ -141,6 +184,8 @@ def corpus_moments(df: DataFrame, vector_col: str, dimension: int) -> Moments:
     """Moments of ``df``'s vectors; raises :class:`InvalidRowsError` (with the reason counts) if any is invalid."""
     state, tally, _, _ = checked_moments(df, vector_col, None, dimension)
     if tally.total:
-        raise InvalidRowsError(f"{tally.total} invalid vector(s) in column {vector_col!r} (dimension {dimension}): "
-                               f"{dict(sorted(tally.counts.items()))}")
+        raise InvalidRowsError(
+            f"{tally.total} invalid vector(s) in column {vector_col!r} (dimension {dimension}): "
+            f"{dict(sorted(tally.counts.items()))}"
+        )
     return state

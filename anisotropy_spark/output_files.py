@@ -8,6 +8,7 @@ the other; no row moves between executors, the vectors are never shuffled; fewer
 The write then runs in that many tasks: with the 256 MiB default a 30 GiB table is written by 120 tasks of about
 256 MiB of input each.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,4 +28,3 @@ def scan_bytes(df: DataFrame) -> int:
 def file_count(input_bytes: int, target_file_mb: float) -> int:
     """``ceil(input_bytes / target_file_mb MiB)``, at least 1."""
     return max(1, math.ceil(input_bytes / (target_file_mb * MIB)))
-

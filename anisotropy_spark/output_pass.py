@@ -8,6 +8,7 @@ pyarrow reads the data files in the Spark tasks where it can (:mod:`.table_files
 is the same. Partition states are merged by ``treeReduce`` (:mod:`.tree_reduce`, never Accumulators). A row the
 transform cannot map raises :class:`~.contract.TransformRowError` naming it, as the write would.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -72,8 +73,14 @@ class OutputPass:
             if transform is None:
                 output = matrix.astype(self.output_dtype, copy=False)
             else:
-                output = mapped_rows(lambda x, dtype: (transform.apply(x, dtype), []), matrix, self.output_dtype,
-                                     batch, valid, self.vector_col)[0]
+                output = mapped_rows(
+                    lambda x, dtype: (transform.apply(x, dtype), []),
+                    matrix,
+                    self.output_dtype,
+                    batch,
+                    valid,
+                    self.vector_col,
+                )[0]
             rows = np.flatnonzero(valid)
             own = None
             if self.overlap is not None:
@@ -104,8 +111,10 @@ def output_facts(df: DataFrame, files: TableFiles | None, spec: OutputPass) -> t
         yield pa.RecordBatch.from_pylist([fold_to_row(batches)], schema=_STATE_SCHEMA)
 
     def merged(states) -> tuple[int, OutputFacts]:
-        return tree_reduce(states.map(lambda row: (int(row["read"]), OutputFacts.from_bytes(bytes(row["payload"])))),
-                           lambda a, b: (a[0] + b[0], a[1].merge(b[1])))
+        return tree_reduce(
+            states.map(lambda row: (int(row["read"]), OutputFacts.from_bytes(bytes(row["payload"])))),
+            lambda a, b: (a[0] + b[0], a[1].merge(b[1])),
+        )
 
     def read_spark() -> tuple[int, OutputFacts]:
         return merged(df.select(*columns).mapInArrow(fold_scan, "read long, payload binary").rdd)

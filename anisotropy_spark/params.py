@@ -10,6 +10,7 @@ the constraint (:func:`converter`): a bad value raises wherever it is set — a 
 The Params of a fitted model's output (``outputDtype``, ``handleInvalid``, ``idCol``, ``maxNorm``) are declared
 here the same way (:data:`TRANSFORM_SETTINGS`).
 """
+
 from __future__ import annotations
 
 import typing
@@ -18,21 +19,43 @@ from typing import Any, Callable, ClassVar, Literal, Sequence
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasInputCol, HasOutputCol, HasPredictionCol
 
-from anisotropy_core.methods import (AbttPcaAbttSettings, AbttSettings, ClusterRecenterSettings, FlowSettings,
-                                     MethodSettings, OutputDtype, Setting, WhiteningSettings)
+from anisotropy_core.methods import (
+    AbttPcaAbttSettings,
+    AbttSettings,
+    ClusterRecenterSettings,
+    FlowSettings,
+    MethodSettings,
+    OutputDtype,
+    Setting,
+    WhiteningSettings,
+)
 
 HandleInvalid = Literal["unchecked", "error", "keep"]
 
 TRANSFORM_SETTINGS = (
-    Setting("output_dtype", OutputDtype, "same",
-            "element type of outputCol: same (as inputCol; VectorUDT counts as float64) | float32 | float64"),
-    Setting("handle_invalid", HandleInvalid, "unchecked",
-            "rows breaking the input contract (anisotropy_spark.contract): unchecked = not checked (a row the "
-            "transform cannot map fails the action) | error = checked, the first invalid row fails the action "
-            "naming its idCol | keep = checked, kept with a null outputCol and the reason in invalid_reason"),
+    Setting(
+        "output_dtype",
+        OutputDtype,
+        "same",
+        "element type of outputCol: same (as inputCol; VectorUDT counts as float64) | float32 | float64",
+    ),
+    Setting(
+        "handle_invalid",
+        HandleInvalid,
+        "unchecked",
+        "rows breaking the input contract (anisotropy_spark.contract): unchecked = not checked (a row the "
+        "transform cannot map fails the action) | error = checked, the first invalid row fails the action "
+        "naming its idCol | keep = checked, kept with a null outputCol and the reason in invalid_reason",
+    ),
     Setting("id_col", str, "id", "id column named by handleInvalid's errors (a null id is an invalid row)"),
-    Setting("max_norm", float | None, None, "with handleInvalid error or keep, rows longer than this are invalid "
-            "(norm_outlier; the nightly's norm-outlier limit); None = no limit", gt=0.0),
+    Setting(
+        "max_norm",
+        float | None,
+        None,
+        "with handleInvalid error or keep, rows longer than this are invalid "
+        "(norm_outlier; the nightly's norm-outlier limit); None = no limit",
+        gt=0.0,
+    ),
 )
 
 
@@ -47,8 +70,12 @@ def converter(declared: Setting) -> Callable[[Any], Any]:
     elif declared.choices is not None:
         to_type = TypeConverters.toString
     else:
-        to_type = {int: TypeConverters.toInt, float: TypeConverters.toFloat, bool: TypeConverters.toBoolean,
-                   str: TypeConverters.toString}[base]
+        to_type = {
+            int: TypeConverters.toInt,
+            float: TypeConverters.toFloat,
+            bool: TypeConverters.toBoolean,
+            str: TypeConverters.toString,
+        }[base]
 
     def convert(value: Any) -> Any:
         if value is None and declared.optional:
@@ -73,18 +100,22 @@ class _DeclaredParams(Params):
     :class:`~anisotropy_core.methods.Setting` records) and gets one Param, default and getter per setting."""
 
     method_settings: ClassVar[type[MethodSettings] | None] = None
-    _declared: ClassVar[tuple[Setting, ...]]   # set on each subclass by __init_subclass__
+    _declared: ClassVar[tuple[Setting, ...]]  # set on each subclass by __init_subclass__
 
-    def __init_subclass__(cls, settings: type[MethodSettings] | None = None, declared: Sequence[Setting] = (),
-                          **kwargs: Any):
+    def __init_subclass__(
+        cls, settings: type[MethodSettings] | None = None, declared: Sequence[Setting] = (), **kwargs: Any
+    ):
         super().__init_subclass__(**kwargs)
         if settings is not None:
             cls.method_settings = settings
             declared = settings.settings()
         cls._declared = tuple(declared)
         for item in declared:
-            setattr(cls, item.param, Param(Params._dummy(), item.param, item.describe(with_default=False),
-                                              typeConverter=converter(item)))
+            setattr(
+                cls,
+                item.param,
+                Param(Params._dummy(), item.param, item.describe(with_default=False), typeConverter=converter(item)),
+            )
             setattr(cls, _getter(item.param).__name__, _getter(item.param))
 
     def __init__(self, *args: Any):

@@ -12,6 +12,7 @@ fixed in later releases), so :func:`is_delta_conflict` checks the Java exception
 ConcurrentAppend/ConcurrentTransaction/ConcurrentWrite/ConcurrentDelete*/MetadataChanged/ProtocolChanged —
 walking the cause chain. No message text is matched.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,7 +28,7 @@ from .session import session_conf
 
 DELTA_CONFLICT_CLASS = "io.delta.exceptions.DeltaConcurrentModificationException"
 APPEND_OPERATIONS = ("WRITE", "STREAMING UPDATE")
-VACUUM_OPERATIONS = ("VACUUM START", "VACUUM END")   # commits that delete unreferenced files, never rows
+VACUUM_OPERATIONS = ("VACUUM START", "VACUUM END")  # commits that delete unreferenced files, never rows
 
 
 class ConcurrentPublishError(RuntimeError):
@@ -113,8 +114,7 @@ def output_state(spark: SparkSession, path: str) -> OutputState:
 
 def meta_at(spark: SparkSession, path: str, version: int) -> dict | None:
     """The publish metadata describing the table state at ``version``; KeyError if there is no such version."""
-    row = (DeltaTable.forPath(spark, path).history().where(F.col("version") == version)
-           .select("userMetadata").first())
+    row = DeltaTable.forPath(spark, path).history().where(F.col("version") == version).select("userMetadata").first()
     if row is None:
         raise KeyError(f"{path} has no version {version}")
     return state_meta(parse_meta(row["userMetadata"]))
@@ -122,14 +122,21 @@ def meta_at(spark: SparkSession, path: str, version: int) -> dict | None:
 
 def only_appends(spark: SparkSession, path: str, after: int, upto: int) -> bool:
     """True when every commit of the Delta table ``path`` in (after, upto] only appended rows (or was a VACUUM's)."""
-    rows = (DeltaTable.forPath(spark, path).history()
-            .where((F.col("version") > after) & (F.col("version") <= upto))
-            .select("version", "operation", "operationParameters").collect())
+    rows = (
+        DeltaTable.forPath(spark, path)
+        .history()
+        .where((F.col("version") > after) & (F.col("version") <= upto))
+        .select("version", "operation", "operationParameters")
+        .collect()
+    )
     if len(rows) != upto - after:
-        return False   # history truncated (log retention): cannot prove append-only
-    return all(r["operation"] in VACUUM_OPERATIONS or r["operation"] in APPEND_OPERATIONS
-               and (r["operationParameters"] or {}).get("mode", r["operationParameters"].get("outputMode")) == "Append"
-               for r in rows)
+        return False  # history truncated (log retention): cannot prove append-only
+    return all(
+        r["operation"] in VACUUM_OPERATIONS
+        or r["operation"] in APPEND_OPERATIONS
+        and (r["operationParameters"] or {}).get("mode", r["operationParameters"].get("outputMode")) == "Append"
+        for r in rows
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,8 +149,14 @@ class PublishTarget:
     app_id: str
 
 
-def publish(spark: SparkSession, target: PublishTarget, candidate: DataFrame | None, new_rows: DataFrame | None,
-            meta: dict, start_version: int | None) -> int:
+def publish(
+    spark: SparkSession,
+    target: PublishTarget,
+    candidate: DataFrame | None,
+    new_rows: DataFrame | None,
+    meta: dict,
+    start_version: int | None,
+) -> int:
     """Commit the output once (overwrite ``candidate``, or MERGE ``new_rows`` on id: ``candidate`` is then unused and
     may be None); returns the new version.
 
@@ -153,35 +166,56 @@ def publish(spark: SparkSession, target: PublishTarget, candidate: DataFrame | N
     """
     before = output_state(spark, target.path)
     if before.version != start_version:
-        raise ConcurrentPublishError(f"{target.path} moved from version {start_version} to {before.version} "
-                                     "while this run was computing; nothing published")
+        raise ConcurrentPublishError(
+            f"{target.path} moved from version {start_version} to {before.version} "
+            "while this run was computing; nothing published"
+        )
     text = json.dumps(meta, sort_keys=True, default=str)
     try:
         if new_rows is None:
             if candidate is None:
                 raise ValueError("publish: neither a candidate to overwrite the output with nor new rows to merge")
-            (candidate.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-             .option("txnAppId", target.app_id).option("txnVersion", meta["seq"]).option("userMetadata", text)
-             .save(target.path))
+            (
+                candidate.write.format("delta")
+                .mode("overwrite")
+                .option("overwriteSchema", "true")
+                .option("txnAppId", target.app_id)
+                .option("txnVersion", meta["seq"])
+                .option("userMetadata", text)
+                .save(target.path)
+            )
         else:
-            with session_conf(spark, {"spark.databricks.delta.commitInfo.userMetadata": text,
-                                      "spark.databricks.delta.write.txnAppId": target.app_id,
-                                      "spark.databricks.delta.write.txnVersion": str(meta["seq"])}):
-                (DeltaTable.forPath(spark, target.path).alias("t")
-                 .merge(new_rows.alias("s"), f"t.`{target.id_col}` = s.`{target.id_col}`")
-                 .whenNotMatchedInsertAll().execute())
+            with session_conf(
+                spark,
+                {
+                    "spark.databricks.delta.commitInfo.userMetadata": text,
+                    "spark.databricks.delta.write.txnAppId": target.app_id,
+                    "spark.databricks.delta.write.txnVersion": str(meta["seq"]),
+                },
+            ):
+                (
+                    DeltaTable.forPath(spark, target.path)
+                    .alias("t")
+                    .merge(new_rows.alias("s"), f"t.`{target.id_col}` = s.`{target.id_col}`")
+                    .whenNotMatchedInsertAll()
+                    .execute()
+                )
     except Exception as exc:  # noqa: BLE001 — only Delta's concurrency conflicts are translated
         conflict = delta_conflict_name(exc)
         if conflict is not None:
-            raise ConcurrentPublishError(f"{conflict}: a concurrent run committed to {target.path} first; the output "
-                                         f"is at version {output_state(spark, target.path).version}, "
-                                         "this run published nothing") from exc
+            raise ConcurrentPublishError(
+                f"{conflict}: a concurrent run committed to {target.path} first; the output "
+                f"is at version {output_state(spark, target.path).version}, "
+                "this run published nothing"
+            ) from exc
         raise
     after = output_state(spark, target.path)
     if after.version is None or not after.meta or after.meta.get("run_id") != meta["run_id"]:
-        raise ConcurrentPublishError(f"publish sequence {meta['seq']} was already committed to {target.path} by "
-                                     f"run {after.meta and after.meta.get('run_id')} (version {after.version}); "
-                                     "Delta skipped this write")
+        raise ConcurrentPublishError(
+            f"publish sequence {meta['seq']} was already committed to {target.path} by "
+            f"run {after.meta and after.meta.get('run_id')} (version {after.version}); "
+            "Delta skipped this write"
+        )
     return int(after.version)
 
 

@@ -16,6 +16,7 @@ re-reads, so an archive that does change is still re-read, as before. Importing 
 task installs it, once per worker process (:func:`install_in_python_worker`). The driver, and any Python from
 3.12 on, are left as they are.
 """
+
 from __future__ import annotations
 
 import functools

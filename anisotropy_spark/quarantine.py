@@ -9,6 +9,7 @@ The quarantine is a Delta table of the input's columns plus ``invalid_reason``, 
 rows whose (``row_hash``, ``invalid_reason``) is not there yet, so a row that stays invalid night after night
 is quarantined once, stamped with the run and input version that first saw it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from .rows import one_row
 from .session import local_cores, session_conf
 
 DUPLICATE_ID = "duplicate_id"
-MAX_DUPLICATE_IDS = 1_000_000       # duplicated ids kept on the driver (8 bytes each for long ids) and broadcast
+MAX_DUPLICATE_IDS = 1_000_000  # duplicated ids kept on the driver (8 bytes each for long ids) and broadcast
 ROW_HASH = "row_hash"
 # the id scan reads only the id column, so its splits may span 16x Spark's default 128 MiB of file bytes
 # (Spark still cuts a small table into about one split per core: its bytes-per-core bound)
@@ -39,8 +40,11 @@ class Duplicates:
 
     def rows_of(self, df: DataFrame) -> DataFrame:
         """The rows of ``df`` whose id is duplicated, with ``invalid_reason`` = ``duplicate_id``."""
-        return (df.join(F.broadcast(self.ids), self.id_col, "left_semi").select(*df.columns)
-                .withColumn(REASON_COLUMN, F.lit(DUPLICATE_ID)))
+        return (
+            df.join(F.broadcast(self.ids), self.id_col, "left_semi")
+            .select(*df.columns)
+            .withColumn(REASON_COLUMN, F.lit(DUPLICATE_ID))
+        )
 
     def drop_from(self, df: DataFrame) -> DataFrame:
         """``df`` without any row whose id is duplicated (``df`` itself when there are none)."""
@@ -72,14 +76,19 @@ def find_duplicates(df: DataFrame, id_col: str) -> Duplicates:
         found = repeated.limit(MAX_DUPLICATE_IDS + 1).collect()
         if len(found) > MAX_DUPLICATE_IDS:
             summary = one_row(repeated.agg(F.count("*").alias("ids"), F.sum("count").alias("rows")))
-            raise InvalidRowsError(f"{summary['ids']} ids of column {id_col!r} occur more than once "
-                                   f"({summary['rows']} rows): the table is not keyed by {id_col!r}")
+            raise InvalidRowsError(
+                f"{summary['ids']} ids of column {id_col!r} occur more than once "
+                f"({summary['rows']} rows): the table is not keyed by {id_col!r}"
+            )
     if not found:
         return Duplicates(id_col, spark.createDataFrame([], field), Tally())
     ids = [row[id_col] for row in found]
     sample = sorted(ids, key=lambda v: (str(type(v)), v))[:SAMPLE_IDS]
-    return Duplicates(id_col, spark.createDataFrame([(i,) for i in ids], field),
-                      Tally({DUPLICATE_ID: sum(row["count"] for row in found)}, {DUPLICATE_ID: sample}))
+    return Duplicates(
+        id_col,
+        spark.createDataFrame([(i,) for i in ids], field),
+        Tally({DUPLICATE_ID: sum(row["count"] for row in found)}, {DUPLICATE_ID: sample}),
+    )
 
 
 def write_quarantine(rows: DataFrame, path: str, run_id: str | None, input_version: int | None) -> None:
@@ -87,10 +96,12 @@ def write_quarantine(rows: DataFrame, path: str, run_id: str | None, input_versi
     the provenance columns; rows already there (same ``row_hash`` and reason) are not added again. A table
     written before ``row_hash`` existed gets the new columns with one plain append (schema merge)."""
     data_cols = [c for c in rows.columns if c != REASON_COLUMN]
-    stamped = (rows.withColumn("quarantined_at", F.current_timestamp())
-               .withColumn("run_id", F.lit(run_id).cast("string"))
-               .withColumn("input_version", F.lit(input_version).cast("long"))
-               .withColumn(ROW_HASH, F.sha2(F.to_json(F.struct(*[F.col(c) for c in data_cols])), 256)))
+    stamped = (
+        rows.withColumn("quarantined_at", F.current_timestamp())
+        .withColumn("run_id", F.lit(run_id).cast("string"))
+        .withColumn("input_version", F.lit(input_version).cast("long"))
+        .withColumn(ROW_HASH, F.sha2(F.to_json(F.struct(*[F.col(c) for c in data_cols])), 256))
+    )
     spark = rows.sparkSession
     from delta.tables import DeltaTable
 
@@ -98,6 +109,10 @@ def write_quarantine(rows: DataFrame, path: str, run_id: str | None, input_versi
         stamped.write.format("delta").mode("append").option("mergeSchema", "true").save(path)
         return
     with session_conf(spark, {"spark.databricks.delta.schema.autoMerge.enabled": "true"}):
-        (DeltaTable.forPath(spark, path).alias("t")
-         .merge(stamped.alias("s"), f"t.{ROW_HASH} = s.{ROW_HASH} AND t.{REASON_COLUMN} = s.{REASON_COLUMN}")
-         .whenNotMatchedInsertAll().execute())
+        (
+            DeltaTable.forPath(spark, path)
+            .alias("t")
+            .merge(stamped.alias("s"), f"t.{ROW_HASH} = s.{ROW_HASH} AND t.{REASON_COLUMN} = s.{REASON_COLUMN}")
+            .whenNotMatchedInsertAll()
+            .execute()
+        )

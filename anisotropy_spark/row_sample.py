@@ -10,6 +10,7 @@ keep the first partitions' rows and drop the last ones'). Two ways to draw:
   as Arrow IPC payloads with the moments, and diagnose reads the table's vectors once;
 * a pass of its own (:func:`anisotropy_spark.diagnostics.sample_rows`), Spark's ``sample`` then ``toArrow``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -80,9 +81,13 @@ def keep_at_most(rows: pa.Table, size: int, seed: int = 0) -> pa.Table:
     return rows.take(pa.array(np.sort(np.random.default_rng(seed).choice(rows.num_rows, size=size, replace=False))))
 
 
-def as_sample(rows: pa.Table, vector_col: str, dimension: int,
-              columns: list[str] | tuple[str, ...]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def as_sample(
+    rows: pa.Table, vector_col: str, dimension: int, columns: list[str] | tuple[str, ...]
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """``(vectors (m, dimension) float64, {column: (m,) array})`` of the sampled ``rows``."""
-    vectors = batch_matrix(rows.combine_chunks().to_batches()[0], vector_col, dimension) if rows.num_rows \
+    vectors = (
+        batch_matrix(rows.combine_chunks().to_batches()[0], vector_col, dimension)
+        if rows.num_rows
         else np.empty((0, dimension))
+    )
     return vectors, {c: rows.column(c).to_numpy(zero_copy_only=False) for c in columns}

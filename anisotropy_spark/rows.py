@@ -1,4 +1,5 @@
 """The one row of a DataFrame that has one: a global aggregate, or the newest entry of a Delta table's history."""
+
 from __future__ import annotations
 
 from pyspark.sql import DataFrame, Row

@@ -45,6 +45,7 @@ on only when stderr is a terminal. py4j's Python logger is held at WARN too (:fu
 ``Closing down clientserver connection`` line, logged when the interpreter exits, would follow a job's error on
 stderr, whose last line must name the problem.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -62,12 +63,12 @@ DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 LOG_LEVEL = "WARN"
 DELTA_MAVEN_COORDINATE = "io.delta:delta-spark_2.13:4.0.0"
-DELTA_SNAPSHOT_PARTITIONS = 50    # Delta's own default, kept as the ceiling for a local session
-ARROW_BATCH_BYTES = 8 << 20        # per Arrow batch sent to a Python worker (module docstring)
+DELTA_SNAPSHOT_PARTITIONS = 50  # Delta's own default, kept as the ceiling for a local session
+ARROW_BATCH_BYTES = 8 << 20  # per Arrow batch sent to a Python worker (module docstring)
 DRIVER_MEMORY_FRACTION = 0.25
 DRIVER_MEMORY_MIN_MB, DRIVER_MEMORY_MAX_MB = 1024, 16384
 ARROW_JAVA_OPTIONS = "-Darrow.enable_unsafe_memory_access=true -Darrow.enable_null_check_for_get=false"
-JIT_JAVA_OPTIONS = "-XX:Tier3DelayOn=100000"       # never fall back to unprofiled tier-2 code (module docstring)
+JIT_JAVA_OPTIONS = "-XX:Tier3DelayOn=100000"  # never fall back to unprofiled tier-2 code (module docstring)
 EMBEDDED_JAVA_OPTIONS = f"{ARROW_JAVA_OPTIONS} {JIT_JAVA_OPTIONS}"
 JAVA_OPTIONS_KEYS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
 JAR_DIR = pathlib.Path(os.environ.get("ANISOTROPY_JAR_DIR", pathlib.Path(__file__).resolve().parent.parent / ".jars"))
@@ -84,8 +85,9 @@ def delta_jars() -> list[str]:
     return jars
 
 
-def get_spark(app_name: str = "anisotropy", master: str | None = None,
-              extra_conf: dict[str, str] | None = None) -> SparkSession:
+def get_spark(
+    app_name: str = "anisotropy", master: str | None = None, extra_conf: dict[str, str] | None = None
+) -> SparkSession:
     """Return the active Delta-enabled session, or build an embedded one.
 
     ``master``: Spark master URL for an embedded session (default ``local[*]``); ignored under
@@ -183,8 +185,11 @@ def _driver_memory_given(extra_conf: dict[str, str] | None) -> bool:
     """True when the caller set the driver heap: ``extra_conf`` or ``--driver-memory`` / ``--conf
     spark.driver.memory`` in ``PYSPARK_SUBMIT_ARGS``."""
     submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
-    return "spark.driver.memory" in (extra_conf or {}) or "--driver-memory" in submit_args \
+    return (
+        "spark.driver.memory" in (extra_conf or {})
+        or "--driver-memory" in submit_args
         or "spark.driver.memory" in submit_args
+    )
 
 
 def _launched_by_spark_submit() -> bool:

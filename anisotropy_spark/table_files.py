@@ -29,6 +29,7 @@ pyarrow reads the files' physical columns, so it is used only where they are exa
 Otherwise Spark's scan reads the table; ``vector_reader: auto | spark | pyarrow`` chooses (``pyarrow`` raises
 instead of falling back), and the caller records which reader ran and why.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,7 +52,7 @@ from .worker_errors import WorkerError, raised_in_workers, worker_error
 log = logging.getLogger("anisotropy.table_files")
 
 READERS = ("auto", "spark", "pyarrow")
-UNREADABLE_FEATURES = ("deletionVectors", "columnMapping")   # Delta features whose files are not the version's rows
+UNREADABLE_FEATURES = ("deletionVectors", "columnMapping")  # Delta features whose files are not the version's rows
 
 T = TypeVar("T")
 
@@ -100,7 +101,7 @@ class TableFiles:
             return f"column(s) {missing} not in the data files (partition columns?)"
         try:
             self.arrow_schema(columns)
-        except Exception as exc:          # pyspark raises its own error classes for types Arrow cannot hold
+        except Exception as exc:  # pyspark raises its own error classes for types Arrow cannot hold
             return f"column type without an Arrow form: {exc}"
         return None
 
@@ -127,8 +128,13 @@ class TableFiles:
             raise FileLayoutError(held_rows_message(held, self.rows))
         return [(uri, group) for uri, group, _ in groups]
 
-    def fold(self, spark: SparkSession, columns: list[str], batch_rows: int,
-             fold_batches: Callable[[Iterator[pa.RecordBatch]], T]) -> RDD:
+    def fold(
+        self,
+        spark: SparkSession,
+        columns: list[str],
+        batch_rows: int,
+        fold_batches: Callable[[Iterator[pa.RecordBatch]], T],
+    ) -> RDD:
         """An RDD of one ``fold_batches(batches)`` per row group (:meth:`row_groups`; one task each, its partition
         index the row group's place in file order): its ``columns`` as Arrow batches of at most ``batch_rows`` rows,
         cast to the table's types. Files without a row group give one task that folds no batch."""
@@ -137,14 +143,19 @@ class TableFiles:
 
         @raised_in_workers
         def task(entries: Iterable[tuple[str, int]]) -> Iterator[T]:
-            yield fold_batches(batch for uri, group in entries
-                               for batch in file_batches(uri, group, schema, batch_rows))
+            yield fold_batches(
+                batch for uri, group in entries for batch in file_batches(uri, group, schema, batch_rows)
+            )
 
         return spark.sparkContext.parallelize(units, max(1, len(units))).mapPartitions(task)
 
-    def map_batches(self, spark: SparkSession, batch_rows: int,
-                    transform_batches: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
-                    schema: StructType) -> DataFrame:
+    def map_batches(
+        self,
+        spark: SparkSession,
+        batch_rows: int,
+        transform_batches: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+        schema: StructType,
+    ) -> DataFrame:
         """A DataFrame of ``schema``: ``transform_batches(batches)`` of each row group (:meth:`row_groups`; one task
         each) with all the table's columns as Arrow batches of at most ``batch_rows`` rows, cast to the table's
         types: what ``df.mapInArrow(transform_batches, schema)`` gives over Spark's scan of the table, without the JVM
@@ -165,8 +176,15 @@ def held_rows_message(held: int, rows: int) -> str:
     return f"the data files hold {held} rows, the table version {rows}"
 
 
-def table_files(spark: SparkSession, df: DataFrame, path: str, table_format: str, vector_col: str, rows: int | None,
-                reader: str = "auto") -> tuple[TableFiles | None, str]:
+def table_files(
+    spark: SparkSession,
+    df: DataFrame,
+    path: str,
+    table_format: str,
+    vector_col: str,
+    rows: int | None,
+    reader: str = "auto",
+) -> tuple[TableFiles | None, str]:
     """(the data files of ``df``, the table at ``path`` (``table_format`` delta|parquet) read at a pinned version
     with ``rows`` rows (None: counted here, when the files are usable), or None; the reader the moments pass will
     use: ``"pyarrow"`` or ``"spark"`` with the reason). ``reader``: ``auto``, ``spark`` or ``pyarrow`` (raises
@@ -183,8 +201,9 @@ def table_files(spark: SparkSession, df: DataFrame, path: str, table_format: str
         if reader == "pyarrow":
             raise FileLayoutError(f"vector_reader: pyarrow cannot read {path}: {why_not}")
         return None, f"spark ({why_not})"
-    return TableFiles(uris, df.count() if rows is None else rows, df.schema, first_columns,
-                      required=reader == "pyarrow"), "pyarrow"
+    return TableFiles(
+        uris, df.count() if rows is None else rows, df.schema, first_columns, required=reader == "pyarrow"
+    ), "pyarrow"
 
 
 def _why_not_pyarrow(spark: SparkSession, df: DataFrame, path: str, table_format: str, vector_col: str) -> str | None:
@@ -238,8 +257,13 @@ def file_batches(uri: str, row_group: int, schema: pa.Schema, batch_rows: int) -
         raise FileLayoutError(f"pyarrow could not read {uri} as the table's columns: {exc}") from exc
 
 
-def pyarrow_or_spark(files: TableFiles, columns: list[str], read_files: Callable[[TableFiles], T],
-                     read_spark: Callable[[], T], rows_of: Callable[[T], int]) -> tuple[T, str]:
+def pyarrow_or_spark(
+    files: TableFiles,
+    columns: list[str],
+    read_files: Callable[[TableFiles], T],
+    read_spark: Callable[[], T],
+    rows_of: Callable[[T], int],
+) -> tuple[T, str]:
     """(``read_files(files)``, ``"pyarrow"``) when ``files`` can serve ``columns`` and the pass read
     ``files.rows`` rows; else (``read_spark()``, ``"spark (<why>)"``). With ``files.required`` the why raises
     :class:`FileLayoutError` instead."""
@@ -251,7 +275,7 @@ def pyarrow_or_spark(files: TableFiles, columns: list[str], read_files: Callable
             if read == files.rows:
                 return result, "pyarrow"
             why_not = held_rows_message(read, files.rows)
-        except Exception as exc:          # on the driver (the footers' row counts) or a task's, wrapped by Spark
+        except Exception as exc:  # on the driver (the footers' row counts) or a task's, wrapped by Spark
             found = worker_error(exc)
             if not isinstance(found, FileLayoutError):
                 raise

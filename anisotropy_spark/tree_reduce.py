@@ -7,6 +7,7 @@ driver's memory would grow with the table (``bench.driver_fan_in`` measures it).
 instead, so the driver never holds more than about ``MAX_FAN_IN`` states, whatever the number of partitions (each
 extra level is one small shuffle of states).
 """
+
 from __future__ import annotations
 
 import math
@@ -23,7 +24,7 @@ def tree_depth(partitions: int) -> int:
     """The smallest ``treeReduce`` depth (at least ``MIN_DEPTH``) whose fan-in ``⌈partitions^(1/depth)⌉`` is at most
     ``MAX_FAN_IN``."""
     depth = max(MIN_DEPTH, math.ceil(math.log(max(partitions, 1)) / math.log(MAX_FAN_IN)))
-    while math.ceil(partitions ** (1.0 / depth)) > MAX_FAN_IN:      # guard the float log against rounding
+    while math.ceil(partitions ** (1.0 / depth)) > MAX_FAN_IN:  # guard the float log against rounding
         depth += 1
     return depth
 

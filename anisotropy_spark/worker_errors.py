@@ -19,6 +19,7 @@ that boundary as data in a fixed frame:
   registered here, so text that only looks like a frame cannot run code, as unpickling it could). The jobs then
   catch the class (:func:`jobs.cli.classify` maps it to its exit code).
 """
+
 from __future__ import annotations
 
 import base64
@@ -119,6 +120,6 @@ def decode(text: str) -> WorkerError | None:
             if cls is not None:
                 return cls(**payload["fields"])
         except (ValueError, KeyError, TypeError):
-            pass                         # not one of our frames: look for the next
+            pass  # not one of our frames: look for the next
         start = text.find(FRAME_START, end)
     return None

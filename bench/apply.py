@@ -17,6 +17,7 @@ time is reported with its ratio to the floor, and every round's time after it.
 Every output is deleted (untimed) before each call, so each one writes a fresh table and the disk holds one
 output at a time. ``--corpus``: a Delta table is read as it is, Parquet files are first copied into Delta.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,10 +60,11 @@ def main() -> None:
         found, X = corpus(args, root / "parquet", spark)
         source = str(found.path) if found.is_delta else str(root / "corpus")
         if not found.is_delta:
-            found.read(spark).write.format("delta").save(source)     # array<float>
+            found.read(spark).write.format("delta").save(source)  # array<float>
         params = {"D": max(1, args.dim // 100)} if args.method == "abtt" else {}
-        transform = fit(args.method, Moments.of_batch(X) if X is not None else parquet_moments(found.files, args.dim),
-                        **params)
+        transform = fit(
+            args.method, Moments.of_batch(X) if X is not None else parquet_moments(found.files, args.dim), **params
+        )
         manifest = save_artifact(str(root / "artifact"), transform, n=args.rows)
         model = CorrectionModel(transform, n=args.rows)._set(inputCol="vector", outputCol="vector")
         outputs = [root / name for name in ("floor", "roundtrip", "transformed", "job", "quarantine")]
@@ -77,23 +79,44 @@ def main() -> None:
 
         def roundtrip():
             table = spark.read.format("delta").load(source)
-            (table.mapInArrow(hand_back, table.schema)
-             .write.format("delta").mode("overwrite").save(str(root / "roundtrip")))
+            (
+                table.mapInArrow(hand_back, table.schema)
+                .write.format("delta")
+                .mode("overwrite")
+                .save(str(root / "roundtrip"))
+            )
 
         def transform_only():
             out = model.transform(spark.read.format("delta").load(source))
-            (out.withColumn("transform_version", F.lit(manifest["transform_version"]))
-             .write.format("delta").mode("overwrite").save(str(root / "transformed")))
+            (
+                out.withColumn("transform_version", F.lit(manifest["transform_version"]))
+                .write.format("delta")
+                .mode("overwrite")
+                .save(str(root / "transformed"))
+            )
 
         def job(reader):
-            summary = run_apply(spark, ApplyConfig(input=source, artifact=str(root / "artifact"),
-                                                   output=str(root / "job"), on_invalid="quarantine",
-                                                   quarantine_path=str(root / "quarantine"), vector_reader=reader,
-                                                   force=True))
+            summary = run_apply(
+                spark,
+                ApplyConfig(
+                    input=source,
+                    artifact=str(root / "artifact"),
+                    output=str(root / "job"),
+                    on_invalid="quarantine",
+                    quarantine_path=str(root / "quarantine"),
+                    vector_reader=reader,
+                    force=True,
+                ),
+            )
             readers[reader] = summary["reader"]
 
-        runs = {"floor": floor, "roundtrip": roundtrip, "transform": transform_only, "job": lambda: job("auto"),
-                "job_spark": lambda: job("spark")}
+        runs = {
+            "floor": floor,
+            "roundtrip": roundtrip,
+            "transform": transform_only,
+            "job": lambda: job("auto"),
+            "job_spark": lambda: job("spark"),
+        }
         seconds, _ = time_in_rounds(runs, args.repeats, reset=delete_outputs)
     print(f"table: {args.rows} x {args.dim} float32, method {args.method}, Spark local[2]; best of {args.repeats}")
     print(f"job reader: {readers['auto']}; job_spark reader: {readers['spark']}")

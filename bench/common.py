@@ -1,5 +1,6 @@
 """Shared bench helpers: a synthetic Parquet corpus written with pyarrow (or an existing one), its moments
 in one process (one loop, or one thread per core), timing in rounds and plain timing."""
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,9 @@ def write_parquet_corpus(path: pathlib.Path, n: int, d: int, files: int = 4, see
     X = cone(n, d, offset=4.0, alpha=1.0, seed=seed).astype(np.float32)
     for part, rows in enumerate(np.array_split(np.arange(n), files)):
         vectors = pa.FixedSizeListArray.from_arrays(pa.array(X[rows].ravel()), d).cast(pa.list_(pa.float32()))
-        pq.write_table(pa.table({"id": pa.array(rows.astype(np.int64)), "vector": vectors}),
-                       path / f"part-{part:03d}.parquet")
+        pq.write_table(
+            pa.table({"id": pa.array(rows.astype(np.int64)), "vector": vectors}), path / f"part-{part:03d}.parquet"
+        )
     return X
 
 
@@ -46,10 +48,13 @@ def add_corpus_arguments(parser: argparse.ArgumentParser, rows: int, dim: int) -
     ``bench.scale`` wrote: tables too large to generate in this process's memory)."""
     parser.add_argument("--rows", type=int, default=rows)
     parser.add_argument("--dim", type=int, default=dim)
-    parser.add_argument("--corpus", default=None,
-                        help="an existing directory of float32 (id, vector) Parquet files, or a Delta table (read "
-                             "at its current version), e.g. one written by bench.scale (its --rows/--dim are then "
-                             "read from it); default: generate")
+    parser.add_argument(
+        "--corpus",
+        default=None,
+        help="an existing directory of float32 (id, vector) Parquet files, or a Delta table (read "
+        "at its current version), e.g. one written by bench.scale (its --rows/--dim are then "
+        "read from it); default: generate",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,8 +72,7 @@ class Corpus:
         return spark.read.format("delta" if self.is_delta else "parquet").load(str(self.path))
 
 
-def corpus(args: argparse.Namespace, path: pathlib.Path,
-           spark: SparkSession) -> tuple[Corpus, np.ndarray | None]:
+def corpus(args: argparse.Namespace, path: pathlib.Path, spark: SparkSession) -> tuple[Corpus, np.ndarray | None]:
     """(the corpus, its (n, d) float32 matrix or None): ``--corpus`` as given, with ``args.rows``/``args.dim`` set
     from its data files; else a corpus of ``args.rows`` × ``args.dim`` Parquet files written to ``path``."""
     if args.corpus is None:
@@ -76,7 +80,7 @@ def corpus(args: argparse.Namespace, path: pathlib.Path,
         return Corpus(path, sorted(path.glob("*.parquet")), is_delta=False), X
     root = pathlib.Path(args.corpus)
     if is_delta_table(spark, str(root)):
-        uris = spark.read.format("delta").load(str(root)).inputFiles()   # file: URIs of the current version
+        uris = spark.read.format("delta").load(str(root)).inputFiles()  # file: URIs of the current version
         files = sorted(pathlib.Path(filesystem_of(uri)[1]) for uri in uris)
         found = Corpus(root, files, is_delta=True)
     else:
@@ -151,9 +155,12 @@ def print_ratios(seconds: dict, rows: int, baseline: str) -> None:
     round's seconds."""
     best = {name: min(times) for name, times in seconds.items()}
     for name, times in seconds.items():
-        print(f"{name:9s} {best[name]:8.2f} s  {rows / best[name]:12,.0f} rows/s  "
-              f"time ratio to {baseline} {best[name] / best[baseline]:.2f}  (rounds: "
-              + " ".join(f"{t:.2f}" for t in times) + " s)")
+        print(
+            f"{name:9s} {best[name]:8.2f} s  {rows / best[name]:12,.0f} rows/s  "
+            f"time ratio to {baseline} {best[name] / best[baseline]:.2f}  (rounds: "
+            + " ".join(f"{t:.2f}" for t in times)
+            + " s)"
+        )
 
 
 @contextmanager
@@ -172,14 +179,32 @@ def append_result(file_name: str, header: dict, corpus_text: str, figures: str, 
     command, when absent): its conditions (UTC time, commit, load average), corpus and figures;
     ``python -m bench.render_results`` renders the file into ``bench/RESULTS.md``."""
     path = RESULTS_DIR / file_name
-    body = json.loads(path.read_text()) if path.exists() else {
-        **header, "columns": [{"header": "bench", "field": "conditions"}, {"header": "size", "field": "corpus"},
-                              {"header": "result", "field": "figures"}], "rows": [], "notes": []}
+    body = (
+        json.loads(path.read_text())
+        if path.exists()
+        else {
+            **header,
+            "columns": [
+                {"header": "bench", "field": "conditions"},
+                {"header": "size", "field": "corpus"},
+                {"header": "result", "field": "figures"},
+            ],
+            "rows": [],
+            "notes": [],
+        }
+    )
     now = _dt.datetime.now(_dt.timezone.utc)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    body["rows"].append({"conditions": f"{now:%Y-%m-%d %H:%M} UTC, {commit}, {conditions}; load average "
-                                       f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the end",
-                         "corpus": corpus_text, "figures": figures, "dates": [f"{now:%Y-%m-%d}"], "commits": [commit]})
+    body["rows"].append(
+        {
+            "conditions": f"{now:%Y-%m-%d %H:%M} UTC, {commit}, {conditions}; load average "
+            f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the end",
+            "corpus": corpus_text,
+            "figures": figures,
+            "dates": [f"{now:%Y-%m-%d}"],
+            "commits": [commit],
+        }
+    )
     path.write_text(json.dumps(body, indent=1, ensure_ascii=False) + "\n")
 
 

@@ -26,6 +26,7 @@ Each runs once as a warm-up, then ``repeats`` rounds run each once (:func:`bench
 time is reported with its ratio to the faster of ``floor`` and ``loop`` (the anchor), and every round's time after it;
 a last line gives the ratios to the other one.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,8 +76,13 @@ def main() -> None:
     spark = get_spark("bench-diagnose", master="local[2]")
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         found, X = corpus(args, pathlib.Path(tmp) / "corpus", spark)
-        config = DiagnoseConfig(input=str(found.path), metadata_cols=[], cluster_k=None, metrics_table=None,
-                                output_dir=str(pathlib.Path(tmp) / "report"))
+        config = DiagnoseConfig(
+            input=str(found.path),
+            metadata_cols=[],
+            cluster_k=None,
+            metrics_table=None,
+            output_dir=str(pathlib.Path(tmp) / "report"),
+        )
 
         def floor():
             return parquet_floor(found.files, args.dim, spark.sparkContext.defaultParallelism)["top1_var"]
@@ -85,8 +91,7 @@ def main() -> None:
             return parquet_floor(found.files, args.dim, 1)["top1_var"]
 
         def scan():
-            return found.read(spark).select("vector").mapInArrow(count_rows, "rows long").agg(
-                F.sum("rows")).first()[0]
+            return found.read(spark).select("vector").mapInArrow(count_rows, "rows long").agg(F.sum("rows")).first()[0]
 
         def ours():
             df, ref = read_table(spark, str(found.path))
@@ -113,18 +118,32 @@ def main() -> None:
             return diagnose(X)["top1_var"]
 
         readers = set()
-        runs = {"floor": floor, "loop": loop, "scan": scan, "ours": ours, "spark": spark_scan, "job": job,
-                "job_spark": lambda: job(dataclasses.replace(config, vector_reader="spark")), "mllib": mllib,
-                "numpy": numpy_in_memory}
+        runs = {
+            "floor": floor,
+            "loop": loop,
+            "scan": scan,
+            "ours": ours,
+            "spark": spark_scan,
+            "job": job,
+            "job_spark": lambda: job(dataclasses.replace(config, vector_reader="spark")),
+            "mllib": mllib,
+            "numpy": numpy_in_memory,
+        }
         skip = set(args.skip) | ({"numpy"} if X is None else set())
         seconds, answers = time_in_rounds({k: v for k, v in runs.items() if k not in skip}, args.repeats)
-    print(f"corpus: {args.rows} x {args.dim} float32, Spark local[2]; best of {args.repeats}; moments readers: "
-          + "; ".join(sorted(readers)))
+    print(
+        f"corpus: {args.rows} x {args.dim} float32, Spark local[2]; best of {args.repeats}; moments readers: "
+        + "; ".join(sorted(readers))
+    )
     print("top-1 variance share  " + "  ".join(f"{k} {v:.6f}" for k, v in answers.items() if k != "scan"))
-    anchor, other = sorted(("floor", "loop"), key=lambda name: min(seconds[name]))   # the faster one is the anchor
+    anchor, other = sorted(("floor", "loop"), key=lambda name: min(seconds[name]))  # the faster one is the anchor
     print_ratios(seconds, args.rows, baseline=anchor)
-    print(f"time ratio to {other}  " + "  ".join(f"{name} {min(times) / min(seconds[other]):.2f}"
-                                                 for name, times in seconds.items() if name != other))
+    print(
+        f"time ratio to {other}  "
+        + "  ".join(
+            f"{name} {min(times) / min(seconds[other]):.2f}" for name, times in seconds.items() if name != other
+        )
+    )
     spark.stop()
 
 

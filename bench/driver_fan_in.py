@@ -9,6 +9,7 @@ builds the same states and only counts them (the baseline: the driver collects P
 each run's driver peak RSS (``ru_maxrss``) and how many states its final level collects; the job's read splits
 are the P of a real table (23 at 1M × 768, 232 at 10M × 768).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,7 @@ MODES = ("count", "depth2", "tree_reduce")
 def one_run(mode: str, partitions: int, dim: int) -> None:
     """Merge (or count) ``partitions`` states in this process; print its peak RSS (MiB) and the sum's check value."""
     spark = get_spark("bench-driver-fan-in", master="local[2]")
-    states = spark.sparkContext.parallelize(range(partitions), partitions).map(
-        lambda i: np.full((dim, dim), float(i)))
+    states = spark.sparkContext.parallelize(range(partitions), partitions).map(lambda i: np.full((dim, dim), float(i)))
     if mode == "count":
         check = float(states.count())
     elif mode == "depth2":
@@ -61,16 +61,33 @@ def main() -> None:
         expected = partitions * (partitions - 1) / 2
         peaks = {}
         for mode in MODES:
-            out = subprocess.run([sys.executable, "-m", "bench.driver_fan_in", "--one", mode, "--partitions",
-                                  str(partitions), "--dim", str(args.dim)], capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.driver_fan_in",
+                    "--one",
+                    mode,
+                    "--partitions",
+                    str(partitions),
+                    "--dim",
+                    str(args.dim),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             peak, check = out.stdout.split()[-2:]
             assert float(check) == (partitions if mode == "count" else expected), (mode, check)
             peaks[mode] = float(peak)
         depth = tree_depth(partitions)
-        print(f"P = {partitions:5d}, d = {args.dim}: python driver peak RSS  count {peaks['count']:6.0f} MiB  "
-              f"depth 2 {peaks['depth2']:6.0f} MiB ({final_fan_in(partitions, 2)} states collected)  "
-              f"tree_reduce {peaks['tree_reduce']:6.0f} MiB (depth {depth}, "
-              f"{final_fan_in(partitions, depth)} states collected)", flush=True)
+        print(
+            f"P = {partitions:5d}, d = {args.dim}: python driver peak RSS  count {peaks['count']:6.0f} MiB  "
+            f"depth 2 {peaks['depth2']:6.0f} MiB ({final_fan_in(partitions, 2)} states collected)  "
+            f"tree_reduce {peaks['tree_reduce']:6.0f} MiB (depth {depth}, "
+            f"{final_fan_in(partitions, depth)} states collected)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

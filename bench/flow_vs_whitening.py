@@ -7,6 +7,7 @@ with a fixed seed, fits whitening (closed form) and flow (trained on the 80 %) a
 whitened and the flowed vectors, on the fitted 80 % and on the held-out 20 %: average cosine A, effective
 rank, IsoScore, uniformity, the largest |covariance − I| entry, and the fit time. Pure numpy, no Spark.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,13 @@ from anisotropy_core.transforms import fit_whitening
 def measures(vectors: np.ndarray) -> dict:
     report = diagnose(vectors)
     cov = np.cov(vectors.T, bias=True)
-    return {"A": report["anisotropy_A"], "erank": report["effective_rank"], "isoscore": isoscore(vectors),
-            "uniformity": uniformity(vectors)["uniformity"], "max|cov-I|": float(np.abs(cov - np.eye(len(cov))).max())}
+    return {
+        "A": report["anisotropy_A"],
+        "erank": report["effective_rank"],
+        "isoscore": isoscore(vectors),
+        "uniformity": uniformity(vectors)["uniformity"],
+        "max|cov-I|": float(np.abs(cov - np.eye(len(cov))).max()),
+    }
 
 
 def main() -> None:
@@ -52,8 +58,10 @@ def main() -> None:
     start = time.perf_counter()
     flow = fit_flow(fit_rows, couplings=args.couplings, hidden=args.hidden, steps=args.steps)
     flow_time = time.perf_counter() - start
-    print(f"whitening fit {white_time:.2f} s; flow fit {flow_time:.2f} s ({args.steps} steps, {args.couplings} "
-          f"couplings, hidden {args.hidden}; nll {flow.training['initial_nll']:.1f} → {flow.training['final_nll']:.1f})")
+    print(
+        f"whitening fit {white_time:.2f} s; flow fit {flow_time:.2f} s ({args.steps} steps, {args.couplings} "
+        f"couplings, hidden {args.hidden}; nll {flow.training['initial_nll']:.1f} → {flow.training['final_nll']:.1f})"
+    )
 
     header = f"{'':>22}" + "".join(f"{k:>12}" for k in ("A", "erank", "isoscore", "uniformity", "max|cov-I|"))
     print(header)

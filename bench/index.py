@@ -19,6 +19,7 @@ imbalance factor. Printed: seconds, the time ratio ours / faiss (target ≤ 1.5)
 
     .venv/bin/python -m bench.index --rows 1000000 --dim 384 [--record]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,9 +41,9 @@ K = 10
 def load(files: list[pathlib.Path], d: int) -> tuple[np.ndarray, np.ndarray]:
     """(ids (n,) int64, unit vectors (n, d) float32) of the Parquet ``files``, in file order."""
     table = pq.read_table(files, columns=["id", "vector"])
-    x = np.ascontiguousarray(table.column("vector").combine_chunks().values.to_numpy().reshape(-1, d),
-                             dtype=np.float32)
+    x = np.ascontiguousarray(table.column("vector").combine_chunks().values.to_numpy().reshape(-1, d), dtype=np.float32)
     import faiss
+
     faiss.normalize_L2(x)
     return table.column("id").to_numpy().astype(np.int64), x
 
@@ -50,6 +51,7 @@ def load(files: list[pathlib.Path], d: int) -> tuple[np.ndarray, np.ndarray]:
 def exact_top_k(x: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """(m, K) exact top-K ids of the unit rows ``x[rows]`` among ``x`` (inner product), their own row excluded."""
     import faiss
+
     flat = faiss.IndexFlatIP(x.shape[1])
     flat.add(x)
     _, found = flat.search(x[rows], K + 1)
@@ -71,8 +73,11 @@ def run(args: argparse.Namespace) -> dict:
     from anisotropy_spark.index_build import build_index, draw
     from anisotropy_spark.session import get_spark
 
-    spark = get_spark("bench-index", master=args.master, extra_conf={
-        "spark.driver.memory": args.driver_memory, "spark.ui.showConsoleProgress": "false"})
+    spark = get_spark(
+        "bench-index",
+        master=args.master,
+        extra_conf={"spark.driver.memory": args.driver_memory, "spark.ui.showConsoleProgress": "false"},
+    )
     spark.sparkContext.setLogLevel("ERROR")
     work = pathlib.Path(args.data or tempfile.mkdtemp(prefix="anisotropy-bench-index-"))
     found, _ = corpus(args, work / f"corpus-{args.rows}x{args.dim}", spark)
@@ -82,11 +87,11 @@ def run(args: argparse.Namespace) -> dict:
         def build():
             ids, x = load(found.files, d)
             index = faiss.index_factory(d, factory, faiss.METRIC_INNER_PRODUCT)
-            pick = np.random.default_rng(args.seed).choice(len(ids), size=min(args.train_size, len(ids)),
-                                                           replace=False)
+            pick = np.random.default_rng(args.seed).choice(len(ids), size=min(args.train_size, len(ids)), replace=False)
             index.train(x[np.sort(pick)])
             index.add_with_ids(x, ids)
             return index
+
         return build
 
     def run_ours(factory: str):
@@ -94,11 +99,21 @@ def run(args: argparse.Namespace) -> dict:
             df = found.read(spark)
             total = df.count()
             sample = draw(df, "vector", "id", d, args.train_size, args.seed, total)
-            return build_index(df, "vector", "id", d, factory, str(work / "index-work"), sample, total,
-                               merge_memory_mb=args.merge_memory_mb).index
+            return build_index(
+                df,
+                "vector",
+                "id",
+                d,
+                factory,
+                str(work / "index-work"),
+                sample,
+                total,
+                merge_memory_mb=args.merge_memory_mb,
+            ).index
+
         return build
 
-    ids, x = load(found.files, d)                  # the queries and exact neighbours, outside the timings
+    ids, x = load(found.files, d)  # the queries and exact neighbours, outside the timings
     rows = np.sort(np.random.default_rng(args.seed + 1).choice(len(ids), size=args.queries, replace=False))
     exact = exact_top_k(x, ids, rows)
     queries, query_ids = x[rows].astype(np.float64), ids[rows]
@@ -113,15 +128,29 @@ def run(args: argparse.Namespace) -> dict:
         gaps = {p: measured["ours"]["recall@10"][p] - measured["faiss"]["recall@10"][p] for p in NPROBES}
         for name in ("faiss", "ours"):
             q = measured[name]
-            print(f"{factory:14s} {name:6s} {best[name]:8.2f} s (rounds " + " ".join(f"{t:.2f}" for t in seconds[name])
-                  + f")  imbalance {q['imbalance_factor']:.3f}  recall@10 "
-                  + " ".join(f"nprobe {p}: {r:.4f}" for p, r in q["recall@10"].items()), flush=True)
-        print(f"{factory:14s} target ours ≤ 1.5× faiss: {ratio:.2f}× ({'met' if ratio <= 1.5 else 'NOT met'}); "
-              f"recall@10 ours − faiss: " + ", ".join(f"nprobe {p}: {g:+.4f}" for p, g in gaps.items())
-              + f" ({'met' if all(abs(g) <= 0.01 for g in gaps.values()) else 'NOT met'}: within 0.01)", flush=True)
+            print(
+                f"{factory:14s} {name:6s} {best[name]:8.2f} s (rounds "
+                + " ".join(f"{t:.2f}" for t in seconds[name])
+                + f")  imbalance {q['imbalance_factor']:.3f}  recall@10 "
+                + " ".join(f"nprobe {p}: {r:.4f}" for p, r in q["recall@10"].items()),
+                flush=True,
+            )
+        print(
+            f"{factory:14s} target ours ≤ 1.5× faiss: {ratio:.2f}× ({'met' if ratio <= 1.5 else 'NOT met'}); "
+            f"recall@10 ours − faiss: "
+            + ", ".join(f"nprobe {p}: {g:+.4f}" for p, g in gaps.items())
+            + f" ({'met' if all(abs(g) <= 0.01 for g in gaps.values()) else 'NOT met'}: within 0.01)",
+            flush=True,
+        )
         results[factory] = {"seconds": seconds, "ratio": ratio, "quality": measured, "recall_gap": gaps}
-    return {"rows": args.rows, "dim": d, "train_size": args.train_size, "queries": args.queries,
-            "master": args.master, "results": results}
+    return {
+        "rows": args.rows,
+        "dim": d,
+        "train_size": args.train_size,
+        "queries": args.queries,
+        "master": args.master,
+        "results": results,
+    }
 
 
 def record(summary: dict) -> None:
@@ -130,21 +159,33 @@ def record(summary: dict) -> None:
     for factory, r in summary["results"].items():
         best = {name: min(t) for name, t in r["seconds"].items()}
         recall = {name: r["quality"][name]["recall@10"] for name in best}
-        figures.append(f"{factory}: ours {best['ours']:.2f} s vs faiss {best['faiss']:.2f} s = **{r['ratio']:.2f}×** "
-                       f"({'met' if r['ratio'] <= 1.5 else 'not met'}); recall@10 at nprobe 8/16/32 ours "
-                       + "/".join(f"{v:.3f}" for v in recall['ours'].values()) + ", faiss "
-                       + "/".join(f"{v:.3f}" for v in recall['faiss'].values()) + "; imbalance ours "
-                       f"{r['quality']['ours']['imbalance_factor']:.3f}, faiss "
-                       f"{r['quality']['faiss']['imbalance_factor']:.3f}")
-    append_result("index.json", {
-        "title": "Corpus index build (`bench.index`)", "order": 6,
-        "intro": ["Our Spark build (driver sample + training, adds in Spark tasks, merge on the driver) against a "
-                  "single-process faiss build of the same factory from the same Parquet files, load included, and "
-                  "the recall@10 of both against exact top-10. Targets (issue 47): at most 1.5× faiss, recall within "
-                  "0.01. Measured on the shared 2-core development host: only ratios mean anything."],
-        "command": ".venv/bin/python -m bench.index --rows 1000000 --dim 384 --record"},
-        f"{summary['rows']:,} × {summary['dim']} float32", "; ".join(figures),
-        f"index build, {summary['master']}, train {summary['train_size']:,} rows")
+        figures.append(
+            f"{factory}: ours {best['ours']:.2f} s vs faiss {best['faiss']:.2f} s = **{r['ratio']:.2f}×** "
+            f"({'met' if r['ratio'] <= 1.5 else 'not met'}); recall@10 at nprobe 8/16/32 ours "
+            + "/".join(f"{v:.3f}" for v in recall["ours"].values())
+            + ", faiss "
+            + "/".join(f"{v:.3f}" for v in recall["faiss"].values())
+            + "; imbalance ours "
+            f"{r['quality']['ours']['imbalance_factor']:.3f}, faiss "
+            f"{r['quality']['faiss']['imbalance_factor']:.3f}"
+        )
+    append_result(
+        "index.json",
+        {
+            "title": "Corpus index build (`bench.index`)",
+            "order": 6,
+            "intro": [
+                "Our Spark build (driver sample + training, adds in Spark tasks, merge on the driver) against a "
+                "single-process faiss build of the same factory from the same Parquet files, load included, and "
+                "the recall@10 of both against exact top-10. Targets (issue 47): at most 1.5× faiss, recall within "
+                "0.01. Measured on the shared 2-core development host: only ratios mean anything."
+            ],
+            "command": ".venv/bin/python -m bench.index --rows 1000000 --dim 384 --record",
+        },
+        f"{summary['rows']:,} × {summary['dim']} float32",
+        "; ".join(figures),
+        f"index build, {summary['master']}, train {summary['train_size']:,} rows",
+    )
 
 
 def main() -> None:
@@ -158,8 +199,12 @@ def main() -> None:
     parser.add_argument("--data", default=None, help="work folder (corpus, shards); default a new temporary one")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--driver-memory", default="6g")
-    parser.add_argument("--merge-memory-mb", type=float, default=None,
-                        help="ours merges on disk beyond this many MiB of shards (default: always in memory)")
+    parser.add_argument(
+        "--merge-memory-mb",
+        type=float,
+        default=None,
+        help="ours merges on disk beyond this many MiB of shards (default: always in memory)",
+    )
     parser.add_argument("--record", action="store_true", help="append the run to bench/results/index.json")
     args = parser.parse_args()
     summary = run(args)

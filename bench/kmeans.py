@@ -25,6 +25,7 @@ Usage::
 
     .venv/bin/python -m bench.kmeans --n 200000 --d 384 --k 64 --iters 20 --data /tmp/kmeans-200k
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,8 @@ from anisotropy_core.kmeans import distances
 
 from .common import write_parquet_corpus
 
-EVAL_ROWS = 1 << 15       # rows per chunk of the float64 inertia evaluation
-IN_MEMORY_TASK_BYTES = 1 << 30    # task_memory of the ours_in_memory run
+EVAL_ROWS = 1 << 15  # rows per chunk of the float64 inertia evaluation
+IN_MEMORY_TASK_BYTES = 1 << 30  # task_memory of the ours_in_memory run
 
 
 def load_matrix(path: str, d: int) -> np.ndarray:
@@ -56,8 +57,12 @@ def inertia(x: np.ndarray, centroids: np.ndarray) -> float:
     """Σ over the rows of ``x`` (n, d) of the squared distance to the nearest of ``centroids`` (k, d), in
     float64 (rows converted chunk by chunk)."""
     c = np.asarray(centroids, dtype=np.float64)
-    return float(sum(distances(x[s:s + EVAL_ROWS].astype(np.float64), c, "euclidean").min(axis=1).sum()
-                     for s in range(0, x.shape[0], EVAL_ROWS)))
+    return float(
+        sum(
+            distances(x[s : s + EVAL_ROWS].astype(np.float64), c, "euclidean").min(axis=1).sum()
+            for s in range(0, x.shape[0], EVAL_ROWS)
+        )
+    )
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -71,20 +76,37 @@ def run(args: argparse.Namespace) -> dict:
     args.data = args.data or f"/tmp/anisotropy-bench-kmeans-{args.n}x{args.d}"
     if not glob.glob(os.path.join(args.data, "*.parquet")):
         write_parquet_corpus(pathlib.Path(args.data), args.n, args.d, files=8, seed=args.seed)
-    spark = get_spark("bench-kmeans", master=args.master, extra_conf={
-        "spark.driver.memory": args.driver_memory, "spark.ui.showConsoleProgress": "false"})
+    spark = get_spark(
+        "bench-kmeans",
+        master=args.master,
+        extra_conf={"spark.driver.memory": args.driver_memory, "spark.ui.showConsoleProgress": "false"},
+    )
     spark.sparkContext.setLogLevel("ERROR")
 
     def run_faiss():
         x = load_matrix(args.data, args.d)
-        km = faiss.Kmeans(args.d, args.k, niter=args.iters, seed=args.seed, verbose=False,
-                          max_points_per_centroid=x.shape[0] // args.k + 1)
+        km = faiss.Kmeans(
+            args.d,
+            args.k,
+            niter=args.iters,
+            seed=args.seed,
+            verbose=False,
+            max_points_per_centroid=x.shape[0] // args.k + 1,
+        )
         km.train(x)
         return km.centroids
 
     def run_ours(task_memory: int = 0):
-        return fit_kmeans(spark.read.parquet(args.data), "vector", args.k, seed=args.seed, max_iter=args.iters,
-                          tol=0.0, dimension=args.d, task_memory=task_memory).centroids
+        return fit_kmeans(
+            spark.read.parquet(args.data),
+            "vector",
+            args.k,
+            seed=args.seed,
+            max_iter=args.iters,
+            tol=0.0,
+            dimension=args.d,
+            task_memory=task_memory,
+        ).centroids
 
     def run_spark_ml():
         features = spark.read.parquet(args.data).select(array_to_vector("vector").alias("features"))
@@ -94,29 +116,39 @@ def run(args: argparse.Namespace) -> dict:
     runs = {"faiss": run_faiss, "ours": run_ours, "ours_in_memory": lambda: run_ours(IN_MEMORY_TASK_BYTES)}
     if not args.skip_spark_ml:
         runs["spark_ml"] = run_spark_ml
-    fit_kmeans(spark.read.parquet(args.data).limit(1000), "vector", 2, dimension=args.d)   # warm-up: workers
-    x = load_matrix(args.data, args.d)              # for the inertia evaluation only, outside the timings
+    fit_kmeans(spark.read.parquet(args.data).limit(1000), "vector", 2, dimension=args.d)  # warm-up: workers
+    x = load_matrix(args.data, args.d)  # for the inertia evaluation only, outside the timings
     n = x.shape[0]
     print(f"k-means {n:,} × {args.d} float32, k = {args.k}, {args.iters} Lloyd iterations, {args.master}", flush=True)
     seconds, cold, costs = {}, {}, {}
-    for name, fit in runs.items():                  # one line per run as soon as it is done
+    for name, fit in runs.items():  # one line per run as soon as it is done
         for _ in range(1 if name == "spark_ml" else 2):
             start = time.perf_counter()
             centroids = fit()
             seconds[name] = time.perf_counter() - start
             cold.setdefault(name, seconds[name])
         costs[name] = inertia(x, centroids)
-        print(f"{name:14s} {seconds[name]:8.2f} s (cold {cold[name]:6.2f} s)  {n / seconds[name]:10,.0f} rows/s  "
-              f"time ratio to faiss {seconds[name] / seconds['faiss']:.2f}  inertia {costs[name]:,.1f} "
-              f"({costs[name] / costs['faiss'] - 1:+.3%} vs faiss)", flush=True)
+        print(
+            f"{name:14s} {seconds[name]:8.2f} s (cold {cold[name]:6.2f} s)  {n / seconds[name]:10,.0f} rows/s  "
+            f"time ratio to faiss {seconds[name] / seconds['faiss']:.2f}  inertia {costs[name]:,.1f} "
+            f"({costs[name] / costs['faiss'] - 1:+.3%} vs faiss)",
+            flush=True,
+        )
     for ours in ("ours", "ours_in_memory"):
         print(f"target {ours} ≤ 2× faiss: {seconds[ours] / seconds['faiss']:.2f}×")
         print(f"target inertia {ours} ≤ +0.5 % of faiss: {costs[ours] / costs['faiss'] - 1:+.3%}")
         if "spark_ml" in runs:
             print(f"target spark_ml ≥ 5× {ours}: {seconds['spark_ml'] / seconds[ours]:.2f}×")
             print(f"target inertia {ours} ≤ spark_ml: {costs[ours] / costs['spark_ml'] - 1:+.3%}")
-    return {"n": n, "d": args.d, "k": args.k, "iters": args.iters, "seconds": seconds, "cold_seconds": cold,
-            "inertia": costs}
+    return {
+        "n": n,
+        "d": args.d,
+        "k": args.k,
+        "iters": args.iters,
+        "seconds": seconds,
+        "cold_seconds": cold,
+        "inertia": costs,
+    }
 
 
 def main() -> None:
@@ -126,8 +158,12 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=64)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--data", default=None, help="folder of the Parquet files (written when empty, reused "
-                        "otherwise; default /tmp/anisotropy-bench-kmeans-<n>x<d>)")
+    parser.add_argument(
+        "--data",
+        default=None,
+        help="folder of the Parquet files (written when empty, reused "
+        "otherwise; default /tmp/anisotropy-bench-kmeans-<n>x<d>)",
+    )
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--driver-memory", default="6g")
     parser.add_argument("--skip-spark-ml", action="store_true")

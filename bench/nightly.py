@@ -20,6 +20,7 @@ Python workers) during each timed call. ``--cli`` also times the two user comman
 ``anisotropy apply`` against ``anisotropy nightly --method abtt --abtt-D 4`` (target ≤ 1.5). ``--record`` appends
 the run to ``bench/results/nightly.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,9 +53,19 @@ D = 4
 def nightly_conf(work: pathlib.Path, source: str, output: str) -> pathlib.Path:
     """conf/nightly.yaml pointed at ``source``/``output`` and a scratch directory; method abtt, D = 4."""
     conf = yaml.safe_load((ROOT / "conf" / "nightly.yaml").read_text())
-    conf.update(input=source, output=output, metadata_cols=[], method=Method.ABTT.value, abtt_D=D, min_neighbour_overlap=0.0,
-                quarantine_path=str(work / "quarantine"), artifacts_dir=str(work / "transforms"),
-                runs_dir=str(work / "runs"), runs_table=str(work / "runs_table"), index=None)
+    conf.update(
+        input=source,
+        output=output,
+        metadata_cols=[],
+        method=Method.ABTT.value,
+        abtt_D=D,
+        min_neighbour_overlap=0.0,
+        quarantine_path=str(work / "quarantine"),
+        artifacts_dir=str(work / "transforms"),
+        runs_dir=str(work / "runs"),
+        runs_table=str(work / "runs_table"),
+        index=None,
+    )
     path = work / "nightly.yaml"
     path.write_text(yaml.safe_dump(conf))
     return path
@@ -82,16 +93,17 @@ def main() -> None:
         work = pathlib.Path(tmp)
         found, X = corpus(args, work / "parquet", spark)
         source = str(work / "input")
-        found.read(spark).write.format("delta").save(source)                   # the nightly appends to its input
+        found.read(spark).write.format("delta").save(source)  # the nightly appends to its input
         state = Moments.of_batch(X) if X is not None else parquet_moments(found.files, args.dim)
         artifact = str(work / "artifact")
         save_artifact(artifact, fit(Method.ABTT, state, D=D), n=args.rows)
         extra = spark.read.format("delta").load(source).limit(max(1, int(args.rows * args.append_fraction)))
-        extra = extra.selectExpr(f"id + {10 * args.rows} AS id", "vector").toArrow()    # new ids, untimed
+        extra = extra.selectExpr(f"id + {10 * args.rows} AS id", "vector").toArrow()  # new ids, untimed
         outputs = {name: str(work / name) for name in ("floor", "applied", "nightly_out")}
         conf = nightly_conf(work, source, outputs["nightly_out"])
-        apply_config, _ = parse_args(apply_job.ApplyConfig, ["--conf", str(apply_conf(work, source, artifact,
-                                                                                          outputs["applied"]))], "")
+        apply_config, _ = parse_args(
+            apply_job.ApplyConfig, ["--conf", str(apply_conf(work, source, artifact, outputs["applied"]))], ""
+        )
         night_config, _ = nightly_job.parse_cli(["--conf", str(conf)])
 
         def reset() -> None:
@@ -107,16 +119,20 @@ def main() -> None:
         def night(expected_mode: str):
             record, code = nightly_job.run_recorded(spark, night_config)
             if code != 0 or record.mode != expected_mode:
-                raise SystemExit(f"nightly: exit {code}, mode {record.mode} (expected {expected_mode}): "
-                                 f"{record.reason}")
+                raise SystemExit(
+                    f"nightly: exit {code}, mode {record.mode} (expected {expected_mode}): {record.reason}"
+                )
             return record
 
         rounds = []
         for number in range(args.repeats + 1):
             reset()
             seconds, memory, stages = {}, {}, {}
-            for name, call in (("floor", floor), ("apply", lambda: apply_job.run_apply(spark, apply_config)),
-                               ("nightly", lambda: night("full"))):
+            for name, call in (
+                ("floor", floor),
+                ("apply", lambda: apply_job.run_apply(spark, apply_config)),
+                ("nightly", lambda: night("full")),
+            ):
                 with PeakMemory() as peak:
                     start = time.perf_counter()
                     answer = call()
@@ -136,8 +152,12 @@ def main() -> None:
             if number:
                 rounds.append({"seconds": seconds, "memory_mb": memory, "stages": stages})
         best = {name: min(r["seconds"][name] for r in rounds) for name in rounds[0]["seconds"]}
-        ratios = {"nightly/apply": best["nightly"] / best["apply"], "nightly/floor": best["nightly"] / best["floor"],
-                  "apply/floor": best["apply"] / best["floor"], "incremental/nightly": best["incremental"] / best["nightly"]}
+        ratios = {
+            "nightly/apply": best["nightly"] / best["apply"],
+            "nightly/floor": best["nightly"] / best["floor"],
+            "apply/floor": best["apply"] / best["floor"],
+            "incremental/nightly": best["incremental"] / best["nightly"],
+        }
         summary = {"rows": args.rows, "dim": args.dim, "best": best, "ratios": ratios, "rounds": rounds}
         if args.cli:
             summary["cli"] = cli_times(work, conf, apply_conf(work, source, artifact, outputs["applied"]), reset)
@@ -152,8 +172,10 @@ def cli_times(work: pathlib.Path, conf: pathlib.Path, apply_yaml: pathlib.Path, 
     with its own JVM, on fresh outputs (the input back at version 0)."""
     tool = str(pathlib.Path(sys.executable).parent / "anisotropy")
     times = {}
-    for name, argv in (("apply", [tool, "apply", "--conf", str(apply_yaml)]),
-                       ("nightly", [tool, "nightly", "--conf", str(conf), "--method", "abtt", "--abtt-D", str(D)])):
+    for name, argv in (
+        ("apply", [tool, "apply", "--conf", str(apply_yaml)]),
+        ("nightly", [tool, "nightly", "--conf", str(conf), "--method", "abtt", "--abtt-D", str(D)]),
+    ):
         reset()
         start = time.perf_counter()
         done = subprocess.run(argv, capture_output=True, text=True)
@@ -185,25 +207,42 @@ def record(summary: dict) -> None:
     """Append the run as a row of ``bench/results/nightly.json``."""
     best, ratios = summary["best"], summary["ratios"]
     best_round = min(summary["rounds"], key=lambda r: r["seconds"]["nightly"])
-    figures = (f"floor {best['floor']:.2f} s, apply {best['apply']:.2f} s, nightly {best['nightly']:.2f} s, "
-               f"incremental {best['incremental']:.2f} s; **nightly/apply {ratios['nightly/apply']:.2f}×** "
-               f"({'met' if ratios['nightly/apply'] <= 1.5 else 'not met'}), nightly/floor {ratios['nightly/floor']:.2f}×, "
-               f"**incremental/nightly {ratios['incremental/nightly']:.2f}×** "
-               f"({'met' if ratios['incremental/nightly'] <= 0.25 else 'not met'})")
+    figures = (
+        f"floor {best['floor']:.2f} s, apply {best['apply']:.2f} s, nightly {best['nightly']:.2f} s, "
+        f"incremental {best['incremental']:.2f} s; **nightly/apply {ratios['nightly/apply']:.2f}×** "
+        f"({'met' if ratios['nightly/apply'] <= 1.5 else 'not met'}), nightly/floor {ratios['nightly/floor']:.2f}×, "
+        f"**incremental/nightly {ratios['incremental/nightly']:.2f}×** "
+        f"({'met' if ratios['incremental/nightly'] <= 0.25 else 'not met'})"
+    )
     if "cli" in summary:
-        figures += (f"; commands: apply {summary['cli']['apply']:.2f} s, nightly {summary['cli']['nightly']:.2f} s, "
-                    f"**{ratios['cli nightly/apply']:.2f}×** ({'met' if ratios['cli nightly/apply'] <= 1.5 else 'not met'})")
-    figures += ("; nightly stages " + ", ".join(f"{k} {v:.1f}" for k, v in best_round["stages"]["nightly"].items())
-                + " s; peak RSS MiB " + json.dumps(best_round["memory_mb"]["nightly"]))
-    append_result("nightly.json", {
-        "title": "Nightly rebuild (`bench.nightly`)", "order": 7,
-        "intro": ["The nightly job (full rebuild from scratch, then an incremental night after 1 % of rows are "
-                  "appended) against the apply job and a plain Delta read + write, side by side in one process. "
-                  "Targets (issue 46): full rebuild ≤ 1.5× the apply job, incremental ≤ 0.25× the full rebuild, and "
-                  "the two commands (JVM start included) ≤ 1.5×. Measured on the shared 2-core development host: "
-                  "only ratios mean anything."],
-        "command": ".venv/bin/python -m bench.nightly --rows 1000000 --dim 384 --cli --record"},
-        f"{summary['rows']:,} × {summary['dim']} float32", figures, f"best of {len(summary['rounds'])} round(s)")
+        figures += (
+            f"; commands: apply {summary['cli']['apply']:.2f} s, nightly {summary['cli']['nightly']:.2f} s, "
+            f"**{ratios['cli nightly/apply']:.2f}×** ({'met' if ratios['cli nightly/apply'] <= 1.5 else 'not met'})"
+        )
+    figures += (
+        "; nightly stages "
+        + ", ".join(f"{k} {v:.1f}" for k, v in best_round["stages"]["nightly"].items())
+        + " s; peak RSS MiB "
+        + json.dumps(best_round["memory_mb"]["nightly"])
+    )
+    append_result(
+        "nightly.json",
+        {
+            "title": "Nightly rebuild (`bench.nightly`)",
+            "order": 7,
+            "intro": [
+                "The nightly job (full rebuild from scratch, then an incremental night after 1 % of rows are "
+                "appended) against the apply job and a plain Delta read + write, side by side in one process. "
+                "Targets (issue 46): full rebuild ≤ 1.5× the apply job, incremental ≤ 0.25× the full rebuild, and "
+                "the two commands (JVM start included) ≤ 1.5×. Measured on the shared 2-core development host: "
+                "only ratios mean anything."
+            ],
+            "command": ".venv/bin/python -m bench.nightly --rows 1000000 --dim 384 --cli --record",
+        },
+        f"{summary['rows']:,} × {summary['dim']} float32",
+        figures,
+        f"best of {len(summary['rounds'])} round(s)",
+    )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ the rendering instead of writing it.
 
     .venv/bin/python -m bench.render_results [--check]
 """
+
 from __future__ import annotations
 
 import argparse

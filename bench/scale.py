@@ -20,6 +20,7 @@ memory bounded by design means ratios near 1 for 10× the rows. The jobs:
   the output is deleted afterwards to free the disk;
 * ``nightly``  — ``jobs.nightly`` from scratch (diagnose, recommend, fit, apply, gate, publish), output deleted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,7 @@ SAMPLE_SECONDS = 0.2
 ROWS_PER_TASK = 250_000
 ROWS_PER_BATCH = 10_000
 JOBS = ("diagnose", "fit", "kmeans", "apply", "nightly")
-PEAKS = ("jvm", "python_driver", "python_workers", "python_workers_pss", "python_worker_count",
-         "python_worker_largest")
+PEAKS = ("jvm", "python_driver", "python_workers", "python_workers_pss", "python_worker_count", "python_worker_largest")
 MIB = 1 << 20
 LIVE_HEAP_SECONDS = 15.0
 FULL_GC_AFTER = re.compile(r"Pause Full \(Diagnostic Command\) \d+M->(\d+)M\(")
@@ -96,33 +96,65 @@ def peak_rss(command: list[str], log: pathlib.Path) -> dict[str, float]:
             else:
                 peaks = {k: max(peaks[k], current[k]) for k in PEAKS}
             if time.perf_counter() - last_full_gc > LIVE_HEAP_SECONDS:
-                for pid in jvms:      # a JVM that just exited or is not attachable yet: no sample this time
+                for pid in jvms:  # a JVM that just exited or is not attachable yet: no sample this time
                     subprocess.run(["jcmd", str(pid), "GC.run"], capture_output=True, timeout=120, check=False)
                 last_full_gc = time.perf_counter()
             time.sleep(SAMPLE_SECONDS)
     if process.returncode:
         raise RuntimeError(f"{' '.join(command)} exited {process.returncode}; see {log}")
-    return {**peaks, "jvm_live_heap": live_heap_peak(log.parent.glob(f"{gc_prefix.name}-gc-*.log")),
-            "seconds": time.perf_counter() - start}
+    return {
+        **peaks,
+        "jvm_live_heap": live_heap_peak(log.parent.glob(f"{gc_prefix.name}-gc-*.log")),
+        "seconds": time.perf_counter() - start,
+    }
 
 
 def job_command(job: str, table: pathlib.Path, work: pathlib.Path) -> list[str]:
     """The command line of ``job`` on the Delta ``table``, writing under ``work``."""
     module = {"kmeans": "fit"}.get(job, job)
-    base = [sys.executable, "-m", f"jobs.{module}", "--conf", f"conf/{module}.yaml", "--input", str(table),
-            "--on-invalid", "error"]
-    return base + {
-        "diagnose": ["--metadata-cols", "[]", "--cluster-k", "null", "--metrics-table", "null",
-                     "--output-dir", str(work / "diagnose")],
-        "fit": ["--method", "abtt", "--artifact", str(work / "abtt")],
-        "kmeans": ["--method", "cluster_recenter", "--k", "64", "--artifact", str(work / "clusters")],
-        "apply": ["--artifact", str(work / "abtt"), "--output", str(work / "applied")],
-        "nightly": ["--metadata-cols", "[]", "--output", str(work / "nightly" / "out"),
-                    "--quarantine-path", str(work / "nightly" / "quarantine"),
-                    "--artifacts-dir", str(work / "nightly" / "transforms"),
-                    "--runs-dir", str(work / "nightly" / "runs"),
-                    "--runs-table", str(work / "nightly" / "runs_table")],
-    }[job]
+    base = [
+        sys.executable,
+        "-m",
+        f"jobs.{module}",
+        "--conf",
+        f"conf/{module}.yaml",
+        "--input",
+        str(table),
+        "--on-invalid",
+        "error",
+    ]
+    return (
+        base
+        + {
+            "diagnose": [
+                "--metadata-cols",
+                "[]",
+                "--cluster-k",
+                "null",
+                "--metrics-table",
+                "null",
+                "--output-dir",
+                str(work / "diagnose"),
+            ],
+            "fit": ["--method", "abtt", "--artifact", str(work / "abtt")],
+            "kmeans": ["--method", "cluster_recenter", "--k", "64", "--artifact", str(work / "clusters")],
+            "apply": ["--artifact", str(work / "abtt"), "--output", str(work / "applied")],
+            "nightly": [
+                "--metadata-cols",
+                "[]",
+                "--output",
+                str(work / "nightly" / "out"),
+                "--quarantine-path",
+                str(work / "nightly" / "quarantine"),
+                "--artifacts-dir",
+                str(work / "nightly" / "transforms"),
+                "--runs-dir",
+                str(work / "nightly" / "runs"),
+                "--runs-table",
+                str(work / "nightly" / "runs_table"),
+            ],
+        }[job]
+    )
 
 
 def write_delta_corpus(path: pathlib.Path, n: int, d: int, seed: int = 0) -> None:
@@ -131,10 +163,11 @@ def write_delta_corpus(path: pathlib.Path, n: int, d: int, seed: int = 0) -> Non
     time (seeded by (seed, task, batch)): memory O(ROWS_PER_BATCH · d + d²) per task whatever n is."""
     from anisotropy_spark.arrow import matrix_column
     from anisotropy_spark.session import get_spark
+
     rng = np.random.default_rng(seed)
     mean = rng.normal(size=d)
     mean = (mean * 4.0 / np.linalg.norm(mean)).astype(np.float32)
-    basis = (random_rotation(d, rng) * np.arange(1, d + 1) ** -0.5).astype(np.float32)   # (d, d): scale, rotate
+    basis = (random_rotation(d, rng) * np.arange(1, d + 1) ** -0.5).astype(np.float32)  # (d, d): scale, rotate
 
     def generate(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for task in (int(t) for b in batches for t in b.column(0).to_numpy()):
@@ -142,20 +175,30 @@ def write_delta_corpus(path: pathlib.Path, n: int, d: int, seed: int = 0) -> Non
             for batch, first in enumerate(range(task * ROWS_PER_TASK, end, ROWS_PER_BATCH)):
                 rows = np.arange(first, min(first + ROWS_PER_BATCH, end))
                 noise = np.random.default_rng([seed, task, batch]).standard_normal((rows.size, d), dtype=np.float32)
-                yield pa.RecordBatch.from_arrays([pa.array(rows), matrix_column(noise @ basis.T + mean, np.float32)],
-                                                 names=["id", "vector"])
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array(rows), matrix_column(noise @ basis.T + mean, np.float32)], names=["id", "vector"]
+                )
 
     spark = get_spark("bench-scale-corpus")
     tasks = -(-n // ROWS_PER_TASK)
-    (spark.range(tasks, numPartitions=tasks).mapInArrow(generate, "id long, vector array<float>")
-     .write.format("delta").save(str(path)))
+    (
+        spark.range(tasks, numPartitions=tasks)
+        .mapInArrow(generate, "id long, vector array<float>")
+        .write.format("delta")
+        .save(str(path))
+    )
     spark.stop()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 10_000_000],
-                        help="table sizes, smallest first; the peak ratios compare the first and the last")
+    parser.add_argument(
+        "--rows",
+        type=int,
+        nargs="+",
+        default=[1_000_000, 10_000_000],
+        help="table sizes, smallest first; the peak ratios compare the first and the last",
+    )
     parser.add_argument("--dim", type=int, default=768)
     parser.add_argument("--root", default="/tmp/anisotropy-bench-scale", help="corpora and outputs (kept)")
     parser.add_argument("--jobs", nargs="+", choices=JOBS, default=list(JOBS))
@@ -172,18 +215,24 @@ def main() -> None:
         for job in args.jobs:
             work = root / "work"
             r = results[job][rows] = peak_rss(job_command(job, table, work), root / f"{job}.log")
-            print(f"{job:9s} {rows:>11,} x {args.dim}: {r['seconds']:8.1f} s  peak RSS jvm {r['jvm']:7.0f} MiB  "
-                  f"python driver {r['python_driver']:6.0f} MiB  python workers {r['python_workers']:6.0f} MiB "
-                  f"(PSS {r['python_workers_pss']:6.0f} MiB, at most {r['python_worker_count']:.0f} processes, "
-                  f"largest one {r['python_worker_largest']:5.0f} MiB)  "
-                  f"jvm live heap {r['jvm_live_heap']:6.0f} MiB",
-                  flush=True)
+            print(
+                f"{job:9s} {rows:>11,} x {args.dim}: {r['seconds']:8.1f} s  peak RSS jvm {r['jvm']:7.0f} MiB  "
+                f"python driver {r['python_driver']:6.0f} MiB  python workers {r['python_workers']:6.0f} MiB "
+                f"(PSS {r['python_workers_pss']:6.0f} MiB, at most {r['python_worker_count']:.0f} processes, "
+                f"largest one {r['python_worker_largest']:5.0f} MiB)  "
+                f"jvm live heap {r['jvm_live_heap']:6.0f} MiB",
+                flush=True,
+            )
             for output in ("applied", "nightly"):
                 shutil.rmtree(work / output, ignore_errors=True)
     small, large = args.rows[0], args.rows[-1]
     for job, by_size in results.items() if len(args.rows) > 1 else ():
-        print(f"{job:9s} peak ratio for {large / small:.0f}x the rows: " + "  ".join(
-            f"{k} {by_size[large][k] / max(by_size[small][k], 1e-9):.2f}" for k in PEAKS + ("jvm_live_heap",)))
+        print(
+            f"{job:9s} peak ratio for {large / small:.0f}x the rows: "
+            + "  ".join(
+                f"{k} {by_size[large][k] / max(by_size[small][k], 1e-9):.2f}" for k in PEAKS + ("jvm_live_heap",)
+            )
+        )
 
 
 if __name__ == "__main__":

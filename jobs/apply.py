@@ -44,6 +44,7 @@ checked first a mismatch is not expected, and it would be repaired by a second o
   re-run whose latest output commit already records the same triple is skipped (``force: true``
   rewrites). Even a forced or Parquet-input re-run overwrites rather than appends: rows never duplicate.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -62,8 +63,15 @@ from anisotropy_core.artifact import Artifact, load_artifact
 from anisotropy_core.methods import OutputDtype
 from anisotropy_spark.contract import REASON_COLUMN, ForeignDimensionError, Tally, require_schema
 from anisotropy_spark.estimators import CorrectionModel
-from anisotropy_spark.io import (as_vector_array, count_invalid, is_delta_table, latest_delta_version, read_table,
-                                 settle_invalid, valid_rows)
+from anisotropy_spark.io import (
+    as_vector_array,
+    count_invalid,
+    is_delta_table,
+    latest_delta_version,
+    read_table,
+    settle_invalid,
+    valid_rows,
+)
 from anisotropy_spark.output_files import file_count, scan_bytes
 from anisotropy_spark.quarantine import Duplicates, find_duplicates
 from anisotropy_spark.rows import one_row
@@ -75,8 +83,10 @@ from jobs.columns import VERSION_COLUMN
 from jobs.config import InputSettings, OutputFiles, VectorReader, parse_args
 
 JOB_NAME = "anisotropy.apply"
-NORM_OUTLIER_NOTE = ("not applied: the artifact records no median length of its fitted input "
-                     "(the nightly job applies the rule; docs/errors.md)")
+NORM_OUTLIER_NOTE = (
+    "not applied: the artifact records no median length of its fitted input "
+    "(the nightly job applies the rule; docs/errors.md)"
+)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -138,24 +148,35 @@ def error_from_worker(exc: Exception, artifact: Artifact) -> Exception | None:
     return found
 
 
-def publish(corrected: DataFrame, duplicates: Duplicates, config: ApplyConfig, stamp: dict,
-            artifact: Artifact, files: int) -> dict:
+def publish(
+    corrected: DataFrame, duplicates: Duplicates, config: ApplyConfig, stamp: dict, artifact: Artifact, files: int
+) -> dict:
     """Write the valid, non-duplicated rows of ``corrected`` (:meth:`CorrectionModel.transform`'s rows,
     with ``invalid_reason`` under ``on_invalid: quarantine``) to ``config.output`` in ONE overwrite commit
     stamped ``stamp``, coalesced to at most ``files`` data files (no shuffle); returns the pass's counts {``rows``
     read, ``invalid`` rows}. A worker's invalid row or foreign dimension is raised as the job's own error (:func:`error_from_worker`); nothing is committed then."""
     observed = Observation("apply_pass")
     tagged = REASON_COLUMN in corrected.columns
-    corrected = duplicates.drop_from(corrected.observe(
-        observed, F.count(F.lit(1)).alias("rows"),
-        (F.count_if(F.col(REASON_COLUMN).isNotNull()) if tagged else F.lit(0)).alias("invalid")))
+    corrected = duplicates.drop_from(
+        corrected.observe(
+            observed,
+            F.count(F.lit(1)).alias("rows"),
+            (F.count_if(F.col(REASON_COLUMN).isNotNull()) if tagged else F.lit(0)).alias("invalid"),
+        )
+    )
     if tagged:
         corrected = corrected.where(F.col(REASON_COLUMN).isNull()).drop(REASON_COLUMN)
     try:
-        (corrected.withColumn(VERSION_COLUMN, F.lit(artifact.transform_version)).coalesce(files)
-         .write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-         .option("userMetadata", json.dumps(stamp, sort_keys=True)).save(config.output))
-    except Exception as exc:      # the worker's error arrives wrapped (Py4J / captured Spark error)
+        (
+            corrected.withColumn(VERSION_COLUMN, F.lit(artifact.transform_version))
+            .coalesce(files)
+            .write.format("delta")
+            .mode("overwrite")
+            .option("overwriteSchema", "true")
+            .option("userMetadata", json.dumps(stamp, sort_keys=True))
+            .save(config.output)
+        )
+    except Exception as exc:  # the worker's error arrives wrapped (Py4J / captured Spark error)
         found = error_from_worker(exc, artifact)
         if found is None:
             raise
@@ -171,42 +192,77 @@ def run_apply(spark: SparkSession, config: ApplyConfig, artifact: Artifact | Non
     """
     artifact = artifact or load_artifact(config.artifact)
     df, ref = read_table(spark, config.input, config.input_version)
-    require_schema(df.columns, config.named_columns())              # before any pass over the table
-    stamp = {"job": JOB_NAME, "input_path": ref.path, "input_version": ref.version,
-             "transform_version": artifact.transform_version}
-    summary = {"input": dataclasses.asdict(ref), "output": config.output,
-               "transform_version": artifact.transform_version}
+    require_schema(df.columns, config.named_columns())  # before any pass over the table
+    stamp = {
+        "job": JOB_NAME,
+        "input_path": ref.path,
+        "input_version": ref.version,
+        "transform_version": artifact.transform_version,
+    }
+    summary = {
+        "input": dataclasses.asdict(ref),
+        "output": config.output,
+        "transform_version": artifact.transform_version,
+    }
     previous = latest_commit(spark, config.output)
     if previous and not config.force and ref.version is not None and previous[1] == stamp:
-        return {**summary, "status": "skipped", "output_version": previous[0],
-                "reason": "the latest output commit already holds this input version and transform version"}
+        return {
+            **summary,
+            "status": "skipped",
+            "output_version": previous[0],
+            "reason": "the latest output commit already holds this input version and transform version",
+        }
     vector_col, id_col = config.vector_col, config.id_col
     files, planned = table_files(spark, df, ref.path, ref.format, vector_col, None, config.vector_reader)
     output_files = file_count(scan_bytes(df), config.target_file_mb)
     df = as_vector_array(df, vector_col)
     quarantine = config.on_invalid == "quarantine"
-    model = (CorrectionModel.from_artifact(artifact, vector_col, config.output_col or vector_col)
-             .setOutputDtype(config.output_dtype).setIdCol(id_col).setHandleInvalid("keep" if quarantine else "error"))
+    model = (
+        CorrectionModel.from_artifact(artifact, vector_col, config.output_col or vector_col)
+        .setOutputDtype(config.output_dtype)
+        .setIdCol(id_col)
+        .setHandleInvalid("keep" if quarantine else "error")
+    )
     duplicates = checked_duplicates(df, config, artifact.transform.d_in)
-    write = functools.partial(publish, duplicates=duplicates, config=config, stamp=stamp, artifact=artifact,
-                              files=output_files)
-    if files:         # one pass either way: pyarrow reads the pinned files, or Spark's scan where they cannot serve
-        counts, reader = pyarrow_or_spark(files, df.columns,
-                                          lambda found: write(model.transform_files(spark, found)),
-                                          lambda: write(model.transform(df)),
-                                          lambda counted: counted["rows"])
+    write = functools.partial(
+        publish, duplicates=duplicates, config=config, stamp=stamp, artifact=artifact, files=output_files
+    )
+    if files:  # one pass either way: pyarrow reads the pinned files, or Spark's scan where they cannot serve
+        counts, reader = pyarrow_or_spark(
+            files,
+            df.columns,
+            lambda found: write(model.transform_files(spark, found)),
+            lambda: write(model.transform(df)),
+            lambda counted: counted["rows"],
+        )
     else:
         counts, reader = write(model.transform(df)), planned
-    version = latest_delta_version(spark, config.output)      # the commit just written
+    version = latest_delta_version(spark, config.output)  # the commit just written
     by_reason = {}
     if quarantine and (counts["invalid"] or duplicates.tally.total):
         tally = count_invalid(df, vector_col, id_col, artifact.transform.d_in)
-        settle_invalid(df, tally, vector_col, id_col, artifact.transform.d_in, "quarantine", config.quarantine_path,
-                       duplicates=duplicates, input_version=ref.version)
+        settle_invalid(
+            df,
+            tally,
+            vector_col,
+            id_col,
+            artifact.transform.d_in,
+            "quarantine",
+            config.quarantine_path,
+            duplicates=duplicates,
+            input_version=ref.version,
+        )
         by_reason = tally.merge(duplicates.tally).counts
-    return {**summary, "status": "written", "output_version": version, "reader": reader, "output_files": output_files,
-            "invalid_rows": sum(by_reason.values()), "invalid_by_reason": by_reason,
-            "norm_outlier_rule": NORM_OUTLIER_NOTE}
+    return {
+        **summary,
+        "status": "written",
+        "output_version": version,
+        "reader": reader,
+        "output_files": output_files,
+        "invalid_rows": sum(by_reason.values()),
+        "invalid_by_reason": by_reason,
+        "norm_outlier_rule": NORM_OUTLIER_NOTE,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ publish; 5 invalid input (invalid rows with ``on_invalid: error``, fewer than 2 
 the transform cannot map); 1 anything else (docs/errors.md). A classified error prints one line naming the problem, no traceback (``--verbose``: also
 the traceback); anything else propagates with its traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,12 +29,27 @@ from jobs.config import ConfigError
 from jobs.gate import GateError
 
 log = logging.getLogger("anisotropy")
-EXIT = {"published": 0, "noop": 0, "kept": 0, "rolled_back": 0, "config_error": 2, "gate_rejected": 3,
-        "concurrent_publish": 4, "invalid_input": 5, "failed": 1}
-CLASSES = ((ConfigError, "config_error"), (SchemaError, "config_error"), (ArtifactError, "config_error"),
-           (FileNotFoundError, "config_error"), (GateError, "gate_rejected"),
-           (InvalidRowsError, "invalid_input"), (InvalidVectorsError, "invalid_input"),
-           (TransformRowError, "invalid_input"))
+EXIT = {
+    "published": 0,
+    "noop": 0,
+    "kept": 0,
+    "rolled_back": 0,
+    "config_error": 2,
+    "gate_rejected": 3,
+    "concurrent_publish": 4,
+    "invalid_input": 5,
+    "failed": 1,
+}
+CLASSES = (
+    (ConfigError, "config_error"),
+    (SchemaError, "config_error"),
+    (ArtifactError, "config_error"),
+    (FileNotFoundError, "config_error"),
+    (GateError, "gate_rejected"),
+    (InvalidRowsError, "invalid_input"),
+    (InvalidVectorsError, "invalid_input"),
+    (TransformRowError, "invalid_input"),
+)
 MISSING_PATH = ("PATH_NOT_FOUND", "DELTA_TABLE_NOT_FOUND", "DELTA_PATH_DOES_NOT_EXIST")
 
 

@@ -16,6 +16,7 @@ pydantic v2 was considered: this module's whole coercion is ~60 lines and its me
 path and problem in the form the tests and run records use; pydantic would add a dependency and a message
 translation layer without removing code.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,7 +37,7 @@ from anisotropy_core.norms import DEFAULT_MAX_NORM_RATIO
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-T = TypeVar("T", bound="DataclassInstance")   # a config dataclass
+T = TypeVar("T", bound="DataclassInstance")  # a config dataclass
 
 
 class ConfigError(ValueError):
@@ -46,7 +47,7 @@ class ConfigError(ValueError):
 NOT_GIVEN = object()  # an override that was not given on the command line
 
 
-VectorReader = Literal["auto", "spark", "pyarrow"]   # who reads the data files: anisotropy_spark.table_files
+VectorReader = Literal["auto", "spark", "pyarrow"]  # who reads the data files: anisotropy_spark.table_files
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -80,8 +81,12 @@ class InputSettings:
         ``metadata_cols`` and ``label_col`` of the artefact test. Each must be in the input's schema, checked
         before the first pass over it (:func:`anisotropy_spark.contract.require_schema`)."""
         label = getattr(self, "label_col", None)
-        return {"vector": [self.vector_col], "id": [self.id_col],
-                "metadata": list(getattr(self, "metadata_cols", [])), "label": [label] if label else []}
+        return {
+            "vector": [self.vector_col],
+            "id": [self.id_col],
+            "metadata": list(getattr(self, "metadata_cols", [])),
+            "label": [label] if label else [],
+        }
 
     def output_problems(self, output: str | None) -> list[str]:
         """``output`` (a table the job writes) must not be the input, whose pinned version must stay readable."""
@@ -107,7 +112,7 @@ def setting_field(*declared: Setting, default: Any = NOT_GIVEN) -> Any:
     own = default is not NOT_GIVEN
     if not own:
         (default,) = {s.default for s in declared}
-    named = len(declared) > 1            # a key of several methods: each line says whose
+    named = len(declared) > 1  # a key of several methods: each line says whose
     help_text = "; ".join(f"{s.method}: " * named + s.describe(with_default=False) for s in declared)
     shown = f"{default}" + (": each method's own" if own and default is None else "")
     return dataclasses.field(default=default, metadata={"settings": declared, "help": f"{help_text} (default {shown})"})
@@ -119,7 +124,7 @@ def setting_problems(config: Any) -> list[str]:
     problems: list[str] = []
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
-        if value is not None:         # None: the method's default (a null a setting refuses fails its type check)
+        if value is not None:  # None: the method's default (a null a setting refuses fails its type check)
             found = [s.problem(value, field.name) for s in field.metadata.get("settings", ())]
             problems += dict.fromkeys(p for p in found if p)
     return problems
@@ -174,8 +179,11 @@ def from_mapping(schema: type[T], raw: dict[str, Any], where: str = "config") ->
     values = {}
     for name, value in raw.items():
         values[name] = _coerce(hints[name], value, f"{where}.{name}")
-    missing = [n for n, f in fields.items() if n not in values
-               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [
+        n
+        for n, f in fields.items()
+        if n not in values and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     if missing:
         raise ConfigError(f"{where}: missing required key(s) {missing}")
     config = schema(**values)
@@ -201,7 +209,7 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
                 errors.append(str(exc))
         option_choices = [_choices(o) for o in options if o is not type(None)]
         named = [a for a in option_choices if a is not None]
-        if len(named) == len(option_choices):               # e.g. Literal["auto"] | Method: one list of names
+        if len(named) == len(option_choices):  # e.g. Literal["auto"] | Method: one list of names
             raise ConfigError(f"{where}: {value!r} is not one of {[c for a in named for c in a]}")
         raise ConfigError(errors[0])
     allowed = _choices(hint)
@@ -253,8 +261,9 @@ def fields_hash(fields: dict[str, Any]) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def parse_args(schema: type[T], argv: list[str] | None, description: str,
-               job_flags: argparse.ArgumentParser | None = None) -> tuple[T, argparse.Namespace]:
+def parse_args(
+    schema: type[T], argv: list[str] | None, description: str, job_flags: argparse.ArgumentParser | None = None
+) -> tuple[T, argparse.Namespace]:
     """CLI for a job: ``--conf FILE`` plus one ``--field-name VALUE`` override per config field, plus the job's
     own flags (``job_flags``: a parser made with ``add_help=False``, listed by ``--help`` too).
 
@@ -264,8 +273,13 @@ def parse_args(schema: type[T], argv: list[str] | None, description: str,
     parser = argparse.ArgumentParser(description=description, parents=[job_flags] if job_flags else [])
     parser.add_argument("--conf", help="YAML config file (see conf/)")
     for field in dataclasses.fields(schema):
-        parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, default=None,
-                            metavar="VALUE", help=field.metadata.get("help", f"override {field.name}"))
+        parser.add_argument(
+            "--" + field.name.replace("_", "-"),
+            dest=field.name,
+            default=None,
+            metavar="VALUE",
+            help=field.metadata.get("help", f"override {field.name}"),
+        )
     args = parser.parse_args(argv)
     hints = typing.get_type_hints(schema)
     overrides = {name: _parse_cli_value(hints[name], getattr(args, name)) for name in hints}

@@ -16,6 +16,7 @@
    when they do;
 5. prints the same, and ends with a search of one textbook sentence through the index (transform + faiss).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,8 +40,17 @@ from jobs.index import search_printout
 from jobs.nightly_config import NightlyConfig
 from jobs.run_records import RunRecord, applied_summary, applied_text
 
-COMPARED = ["n", "d", "offset_ratio", "anisotropy_A", "top1_var", "top10_var", "effective_rank",
-            "mp_above_upper", "power_law_alpha"]
+COMPARED = [
+    "n",
+    "d",
+    "offset_ratio",
+    "anisotropy_A",
+    "top1_var",
+    "top10_var",
+    "effective_rank",
+    "mp_above_upper",
+    "power_law_alpha",
+]
 
 
 @dataclasses.dataclass
@@ -79,9 +89,12 @@ def with_chapters(corpus: DataFrame) -> DataFrame:
     The few heading ids are broadcast and counted per sentence (a range join), so no step needs the whole
     corpus in one partition, as a running count over a global window would."""
     headings = corpus.where(F.col("sentence").rlike(CHAPTER_HEADING)).select(F.col("sentence_id").alias("heading"))
-    chapters = (corpus.select("sentence_id")
-                .join(F.broadcast(headings), F.col("heading") <= F.col("sentence_id"), "left")
-                .groupBy("sentence_id").agg(F.count("heading").alias("chapter")))
+    chapters = (
+        corpus.select("sentence_id")
+        .join(F.broadcast(headings), F.col("heading") <= F.col("sentence_id"), "left")
+        .groupBy("sentence_id")
+        .agg(F.count("heading").alias("chapter"))
+    )
     return corpus.join(chapters, "sentence_id")
 
 
@@ -94,17 +107,25 @@ def chapter_queries(spark: SparkSession, config: DemoConfig) -> None:
     """
     labelled = with_chapters(spark.read.format("delta").load(config.corpus_table))
     members = labelled.groupBy("chapter").agg(F.collect_list("id").alias("members"))
-    queries = (labelled.join(members, "chapter")
-               .select(F.col("id").alias("query_id"), "vector", "chapter",
-                       F.filter("members", lambda m: m != F.col("id")).alias("relevant"))
-               .where(F.size("relevant") > 0))
+    queries = (
+        labelled.join(members, "chapter")
+        .select(
+            F.col("id").alias("query_id"),
+            "vector",
+            "chapter",
+            F.filter("members", lambda m: m != F.col("id")).alias("relevant"),
+        )
+        .where(F.size("relevant") > 0)
+    )
     queries.write.format("delta").mode("overwrite").save(config.queries_table)
 
 
 def side_by_side(before: dict, after: dict) -> str:
     """Markdown table of the compared metrics before and after the correction."""
+
     def shown(v):
         return f"{v:.4g}" if isinstance(v, float) else str(v)
+
     lines = ["| metric | before | after |", "|---|---|---|"]
     lines += [f"| {k} | {shown(before[k])} | {shown(after[k])} |" for k in COMPARED]
     return "\n".join(lines)
@@ -121,19 +142,29 @@ def agreement(diagnosis: diagnose_job.DiagnosisReport, night: RunRecord) -> list
     applied_name = applied["candidate"] or applied["method"]
     if verdict.method == night_verdict.method == applied["method"] and chosen in (None, applied_name):
         return [f"the diagnosis verdict, the evaluation and the nightly agree: {applied_name}"]
-    notes = [f"the diagnosis's label-free verdict is {verdict.method}"
-             + (" (on significant artefact evidence)" if verdict.verified and verdict.method == Method.ABTT
-                else " (it deletes and whitens nothing without evidence; the held-out evaluation decides)")]
+    notes = [
+        f"the diagnosis's label-free verdict is {verdict.method}"
+        + (
+            " (on significant artefact evidence)"
+            if verdict.verified and verdict.method == Method.ABTT
+            else " (it deletes and whitens nothing without evidence; the held-out evaluation decides)"
+        )
+    ]
     if night_verdict.method != verdict.method:
-        notes.append(f"the night's own label-free verdict is {night_verdict.method}: "
-                     + "; ".join(night_verdict.reasons[:1]) + " (the nightly's mixture check runs k-means with its "
-                     "own cluster_k on its sample, the diagnosis's per-cluster table with the diagnosis's cluster_k)")
+        notes.append(
+            f"the night's own label-free verdict is {night_verdict.method}: "
+            + "; ".join(night_verdict.reasons[:1])
+            + " (the nightly's mixture check runs k-means with its "
+            "own cluster_k on its sample, the diagnosis's per-cluster table with the diagnosis's cluster_k)"
+        )
     if chosen is not None:
         notes.append(f"the diagnosis's held-out evaluation chose {chosen}")
     notes.append(f"the nightly applied {applied_name}, what the held-out intervals support: {applied['reason']}")
     if chosen is not None and chosen != applied_name:
-        notes.append("the nightly also scores the published transform and leaves out candidates below "
-                     "min_neighbour_overlap, so its choice can differ from the diagnosis's")
+        notes.append(
+            "the nightly also scores the published transform and leaves out candidates below "
+            "min_neighbour_overlap, so its choice can differ from the diagnosis's"
+        )
     return notes
 
 
@@ -144,17 +175,26 @@ def main(argv: list[str] | None = None) -> int:
     chapter_queries(spark, config)
     evaluation = {"queries": config.queries_table, "exclude_self": True, "k": config.evaluation_k}
 
-    diagnosis = load(diagnose_job.DiagnoseConfig, config.diagnose_conf,
-                     {"input": config.corpus_table, "evaluation": evaluation})
+    diagnosis = load(
+        diagnose_job.DiagnoseConfig, config.diagnose_conf, {"input": config.corpus_table, "evaluation": evaluation}
+    )
     before = diagnose_job.run_diagnosis(spark, diagnosis)
 
-    nightly = load(NightlyConfig, config.nightly_conf, {"input": config.corpus_table, "evaluation": evaluation,
-                                                        "index": {"index_dir": config.index_dir}})
+    nightly = load(
+        NightlyConfig,
+        config.nightly_conf,
+        {"input": config.corpus_table, "evaluation": evaluation, "index": {"index_dir": config.index_dir}},
+    )
     nights = [nightly_job.run_recorded(spark, nightly)[0] for _ in (1, 2)]
     published = next((night for night in nights if night.status == "published"), nights[0])
 
-    corrected = dataclasses.replace(diagnosis, input=nightly.output, vector_col=nightly.out_col, evaluation=None,
-                                    output_dir=storage.join(diagnosis.output_dir, "corrected"))
+    corrected = dataclasses.replace(
+        diagnosis,
+        input=nightly.output,
+        vector_col=nightly.out_col,
+        evaluation=None,
+        output_dir=storage.join(diagnosis.output_dir, "corrected"),
+    )
     after = diagnose_job.run_diagnosis(spark, corrected)
     applied = {"headline": applied_text(applied_summary(published)), "notes": agreement(before, published)}
     report = diagnose_job.write_outputs(spark, diagnosis, before, applied=applied)
@@ -163,18 +203,28 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n# What the demo applied\n\n**{applied['headline']}**\n")
     print("\n".join(f"- {note}" for note in applied["notes"]))
     print(f"\nreport: {storage.join(diagnosis.output_dir, 'report.html')}")
-    print("\n## The nightly's candidates, scored on held-out queries (same-chapter neighbours of every sentence)\n\n"
-          + (evaluation_markdown(published.evaluation) if published.evaluation is not None
-             else f"(none: nightly run {published.run_id} ran no evaluation)"))
+    print(
+        "\n## The nightly's candidates, scored on held-out queries (same-chapter neighbours of every sentence)\n\n"
+        + (
+            evaluation_markdown(published.evaluation)
+            if published.evaluation is not None
+            else f"(none: nightly run {published.run_id} ran no evaluation)"
+        )
+    )
     print("\n" + report)
     print("\n## Before / after the published night\n\n" + side_by_side(before.metrics, after.metrics))
     for night, record in enumerate(nights, 1):
-        print(f"\nnightly run {night}: {record.status} — {record.reason}; {nightly.output} is at Delta version "
-              f"{output_state(spark, nightly.output).version}; run record "
-              f"{storage.join(nightly.runs_dir, record.run_id + '.json')}")
+        print(
+            f"\nnightly run {night}: {record.status} — {record.reason}; {nightly.output} is at Delta version "
+            f"{output_state(spark, nightly.output).version}; run record "
+            f"{storage.join(nightly.runs_dir, record.run_id + '.json')}"
+        )
     index = published.index or {}
-    print(f"\n## The corpus index: {index.get('status', 'not built')}" + (f" ({index['reason']})" if index.get("reason") else "")
-          + "\n")
+    print(
+        f"\n## The corpus index: {index.get('status', 'not built')}"
+        + (f" ({index['reason']})" if index.get("reason") else "")
+        + "\n"
+    )
     print(search_printout(spark, Searcher.load(config.index_dir), config.corpus_table, config.search_id))
     return 0
 

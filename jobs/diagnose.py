@@ -7,6 +7,7 @@
 Writes ``report.json`` and ``report.md`` to ``output_dir``, prints the Markdown summary, and appends one
 row of scalar metrics to the Delta ``metrics_table`` so diagnoses can be tracked night over night.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -97,17 +98,17 @@ METRIC_MEANINGS = {
     "mp_upper": "Marchenko–Pastur upper edge for isotropic data of this n, d and total variance",
     "mp_above_upper": "eigenvalues above that edge: directions that are more than sampling noise",
     "power_law_alpha": "slope α of the log-log spectrum, λ_k ∝ k^−α, fitted over the eigenvalues above the "
-                       "Marchenko–Pastur edge only (power_law_range); empty when fewer than 3 are above it. "
-                       "α ≈ 1 is healthy (erank 20 % of d at d = 768), α ≳ 1.5 wastes the space",
+    "Marchenko–Pastur edge only (power_law_range); empty when fewer than 3 are above it. "
+    "α ≈ 1 is healthy (erank 20 % of d at d = 768), α ≳ 1.5 wastes the space",
     "erank_alpha": "the α of a k^−α spectrum with this effective rank over d: a cross-check of the fitted slope",
     "isoscore": "IsoScore (Rudman et al. 2022): fraction of dimensions used uniformly, 0…1",
     "A_noise_z": "A − A_sign_null in standard errors of A for an isotropic sample of this n and d",
     "null_effective_rank": "effective rank that isotropic noise of this n and d would report",
     "A_sign_null": "the zero A should be compared with: 0 for sign-symmetric data, m²/s measured from the data for "
-                   "non-negative data (1/π dense ReLU, ½ dense Exp(1), q/2 sparse) (sample)",
+    "non-negative data (1/π dense ReLU, ½ dense Exp(1), q/2 sparse) (sample)",
     "partition_ratio": "min Z(c)/max Z(c) over principal directions (1 = isotropic) (sample)",
     "uniformity": "log E exp(−2‖x̂−ŷ‖²) over the sample's pairs (Wang & Isola): −4 spread out … 0 one direction; "
-                  "≈ −4(1 − A) when cosines are tight (sample)",
+    "≈ −4(1 − A) when cosines are tight (sample)",
 }
 
 
@@ -191,8 +192,7 @@ class DiagnosisReport:
     @property
     def metrics(self) -> dict[str, int | float | None]:
         """{metric: plain Python number, None where undefined} of every :data:`SCALAR_METRICS` name."""
-        values = {**self.diagnosis.scalars(),
-                  **{k: plain_scalar(v) for k, v in dataclasses.asdict(self.extra).items()}}
+        values = {**self.diagnosis.scalars(), **{k: plain_scalar(v) for k, v in dataclasses.asdict(self.extra).items()}}
         return {k: defined(v) for k, v in values.items()}
 
     def to_json(self) -> dict[str, Any]:
@@ -240,38 +240,56 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> DiagnosisRepor
     timings: list[dict] = []
     with timed_stage(log, timings, "read") as info:
         df, ref = read_table(spark, config.input, config.input_version)
-        require_schema(df.columns, config.named_columns())     # before any pass over the table
+        require_schema(df.columns, config.named_columns())  # before any pass over the table
         vectors = as_vector_array(df, vector_col)
-        info["rows"] = total = vectors.count()    # Delta answers from its file statistics; sizes the sample drawn next
+        info["rows"] = total = vectors.count()  # Delta answers from its file statistics; sizes the sample drawn next
         files, planned = table_files(spark, df, ref.path, ref.format, vector_col, total, config.vector_reader)
-    with timed_stage(log, timings, "moments") as info:     # validation, quarantine, moments and sample in one pass
-        checked = validate(vectors, vector_col, id_col, config.dimension, config.on_invalid, config.quarantine_path,
-                           input_version=ref.version, with_moments=True, max_norm_ratio=config.max_norm_ratio,
-                           sample=RowSample(config.sample_size, total, columns=tuple(sampled_columns(config))),
-                           files=files)
+    with timed_stage(log, timings, "moments") as info:  # validation, quarantine, moments and sample in one pass
+        checked = validate(
+            vectors,
+            vector_col,
+            id_col,
+            config.dimension,
+            config.on_invalid,
+            config.quarantine_path,
+            input_version=ref.version,
+            with_moments=True,
+            max_norm_ratio=config.max_norm_ratio,
+            sample=RowSample(config.sample_size, total, columns=tuple(sampled_columns(config))),
+            files=files,
+        )
         if checked.moments is None:
             raise RuntimeError("validate(with_moments=True) returned no moments")
         state, valid, d = checked.moments, checked.valid, checked.dimension
         info["rows"], info["reader"] = state.n + checked.invalid_count, checked.reader if files else planned
     report = diagnose(state)
     with timed_stage(log, timings, "sample") as info:
-        (vectors_drawn, columns), info["source"] = drawn_or_sampled(checked.drawn, valid, vector_col, d,
-                                                                    sampled_columns(config), config.sample_size,
-                                                                    state.n)
+        (vectors_drawn, columns), info["source"] = drawn_or_sampled(
+            checked.drawn, valid, vector_col, d, sampled_columns(config), config.sample_size, state.n
+        )
         info["rows"] = int(vectors_drawn.shape[0])
     with timed_stage(log, timings, "artefact") as info:
-        artefact = artefact_of_sample(vectors_drawn, columns, report, config.metadata_cols, config.label_col,
-                                      config.artefact_directions, config.decision, config.seed)
+        artefact = artefact_of_sample(
+            vectors_drawn,
+            columns,
+            report,
+            config.metadata_cols,
+            config.label_col,
+            config.artefact_directions,
+            config.decision,
+            config.seed,
+        )
         info["rows"] = int(vectors_drawn.shape[0])
     sample = DriverSample(vectors_drawn, {c: columns[c] for c in config.metadata_cols})
     per_cluster: ClusterTable | None = None
     if config.cluster_k:
         with timed_stage(log, timings, "clusters") as info:
             per_cluster = per_cluster_table(valid, config, d, report.n)
-            if vectors_drawn.shape[0] >= 4 * config.cluster_k:     # the null of the mixture check, on the sample
+            if vectors_drawn.shape[0] >= 4 * config.cluster_k:  # the null of the mixture check, on the sample
                 try:
-                    null = mixture_check(vectors_drawn, config.cluster_k, config.cluster_distance_measure,
-                                         config.seed)[1]
+                    null = mixture_check(vectors_drawn, config.cluster_k, config.cluster_distance_measure, config.seed)[
+                        1
+                    ]
                     per_cluster["mixture_null"], per_cluster["mixture_p"] = null["mixture_null"], null["mixture_p"]
                 except ValueError as exc:
                     per_cluster["mixture_null"] = {"skipped": str(exc)}
@@ -281,23 +299,41 @@ def run_diagnosis(spark: SparkSession, config: DiagnoseConfig) -> DiagnosisRepor
         with timed_stage(log, timings, "alignment"):
             aligned = pair_alignment(valid, vector_col, id_col, read_table(spark, config.pairs)[0])
     sign_null = sign_structure_null(sample.vectors)
-    noise = sampling_noise(report, A_sign_null=sign_null["null"])   # A_z measured from the sign null
-    extra = ExtraMetrics(isoscore=isoscore_from_spectrum(report.spectrum), A_noise_z=noise["A_z"],
-                         null_effective_rank=noise["null_effective_rank"], A_sign_null=sign_null["null"],
-                         partition_ratio=partition_ratio(sample.vectors)["I"],
-                         uniformity=uniformity(sample.vectors)["uniformity"])
+    noise = sampling_noise(report, A_sign_null=sign_null["null"])  # A_z measured from the sign null
+    extra = ExtraMetrics(
+        isoscore=isoscore_from_spectrum(report.spectrum),
+        A_noise_z=noise["A_z"],
+        null_effective_rank=noise["null_effective_rank"],
+        A_sign_null=sign_null["null"],
+        partition_ratio=partition_ratio(sample.vectors)["I"],
+        uniformity=uniformity(sample.vectors)["uniformity"],
+    )
     recommendation = recommend(report, per_cluster, artefact, config.decision, A_sign_null=extra.A_sign_null)
     evaluation = None
     if config.evaluation and config.evaluation.active:
         with timed_stage(log, timings, "evaluation") as info:
-            evaluation, _, _ = run_evaluation(spark, valid, vector_col, id_col, d, state, recommendation,
-                                              config.evaluation, config.decision)
+            evaluation, _, _ = run_evaluation(
+                spark, valid, vector_col, id_col, d, state, recommendation, config.evaluation, config.decision
+            )
     return DiagnosisReport(
-        run_id=uuid.uuid4().hex, created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(), input=ref,
-        config_hash=config_hash(config), invalid_rows=checked.invalid_count,
-        invalid_by_reason=checked.invalid_by_reason, diagnosis=report, extra=extra, stages=timings,
-        recommendation=recommendation, evaluation=evaluation, sampling_noise=noise, sign_structure=sign_null,
-        artefact=artefact, per_cluster=per_cluster, alignment=aligned, sample=sample)
+        run_id=uuid.uuid4().hex,
+        created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        input=ref,
+        config_hash=config_hash(config),
+        invalid_rows=checked.invalid_count,
+        invalid_by_reason=checked.invalid_by_reason,
+        diagnosis=report,
+        extra=extra,
+        stages=timings,
+        recommendation=recommendation,
+        evaluation=evaluation,
+        sampling_noise=noise,
+        sign_structure=sign_null,
+        artefact=artefact,
+        per_cluster=per_cluster,
+        alignment=aligned,
+        sample=sample,
+    )
 
 
 def sampled_columns(config) -> list[str]:
@@ -305,15 +341,32 @@ def sampled_columns(config) -> list[str]:
     return list(dict.fromkeys(config.metadata_cols + ([config.label_col] if config.label_col else [])))
 
 
-def artefact_of_sample(vectors: np.ndarray, columns: dict, report: Diagnosis, metadata_cols: list[str],
-                       label_col: str | None, directions: int, decision: DecisionThresholds,
-                       seed: int) -> ArtefactEvidence:
+def artefact_of_sample(
+    vectors: np.ndarray,
+    columns: dict,
+    report: Diagnosis,
+    metadata_cols: list[str],
+    label_col: str | None,
+    directions: int,
+    decision: DecisionThresholds,
+    seed: int,
+) -> ArtefactEvidence:
     """The per-direction artefact test (:func:`anisotropy_core.artefact_evidence.sample_artefact_test`) of the driver
     sample, with the decision's thresholds (``artefact_alpha``, ``artefact_permutations``, ``artefact_corr``,
     ``label_separation``) and ``seed``."""
-    return sample_artefact_test(vectors, columns, report, metadata_cols, label_col, directions,
-                                decision.artefact_permutations, seed, decision.artefact_alpha, decision.artefact_corr,
-                                decision.label_separation)
+    return sample_artefact_test(
+        vectors,
+        columns,
+        report,
+        metadata_cols,
+        label_col,
+        directions,
+        decision.artefact_permutations,
+        seed,
+        decision.artefact_alpha,
+        decision.artefact_corr,
+        decision.label_separation,
+    )
 
 
 def defined(value):
@@ -329,12 +382,17 @@ def per_cluster_table(valid: DataFrame, config: DiagnoseConfig, dimension: int, 
         raise ValueError("per_cluster_table needs cluster_k")
     if k > n:
         raise ValueError(f"cluster_k = {k} exceeds the {n} valid vectors")
-    fit_on = valid if n <= config.cluster_fit_rows else valid.sample(
-        fraction=min(1.0, 1.2 * config.cluster_fit_rows / n), seed=config.seed).limit(config.cluster_fit_rows)
-    km = fit_kmeans(fit_on, config.vector_col, k, config.cluster_distance_measure, seed=config.seed,
-                    dimension=dimension)
-    return spark_cluster_diagnostics(valid, config.vector_col, km.centroids, config.cluster_distance_measure,
-                                     dimension)
+    fit_on = (
+        valid
+        if n <= config.cluster_fit_rows
+        else valid.sample(fraction=min(1.0, 1.2 * config.cluster_fit_rows / n), seed=config.seed).limit(
+            config.cluster_fit_rows
+        )
+    )
+    km = fit_kmeans(
+        fit_on, config.vector_col, k, config.cluster_distance_measure, seed=config.seed, dimension=dimension
+    )
+    return spark_cluster_diagnostics(valid, config.vector_col, km.centroids, config.cluster_distance_measure, dimension)
 
 
 def markdown_summary(result: dict) -> str:
@@ -342,13 +400,23 @@ def markdown_summary(result: dict) -> str:
     meaning, then the artefact test."""
     m = result["metrics"]
     ref = result["input"]
-    lines = [f"# Anisotropy diagnosis of `{ref['path']}`" + (f" (Delta version {ref['version']})" if ref["version"] is not None else ""),
-             "", f"run `{result['run_id']}` · {result['created_at']} · invalid rows: {result['invalid_rows']}"
-             + (f" {result['invalid_by_reason']}" if result["invalid_rows"] else ""), "",
-             verdict_markdown(result["recommendation"]), ""]
+    lines = [
+        f"# Anisotropy diagnosis of `{ref['path']}`"
+        + (f" (Delta version {ref['version']})" if ref["version"] is not None else ""),
+        "",
+        f"run `{result['run_id']}` · {result['created_at']} · invalid rows: {result['invalid_rows']}"
+        + (f" {result['invalid_by_reason']}" if result["invalid_rows"] else ""),
+        "",
+        verdict_markdown(result["recommendation"]),
+        "",
+    ]
     if result.get("evaluation"):
-        lines += [f"## Retrieval quality per candidate (best by {result['evaluation']['metric']})", "",
-                  evaluation_markdown(result["evaluation"]), ""]
+        lines += [
+            f"## Retrieval quality per candidate (best by {result['evaluation']['metric']})",
+            "",
+            evaluation_markdown(result["evaluation"]),
+            "",
+        ]
     lines += ["| metric | value | meaning |", "|---|---|---|"]
     for key in SCALAR_METRICS:
         value = m[key]
@@ -357,28 +425,40 @@ def markdown_summary(result: dict) -> str:
     null = m["A_sign_null"] or 0.0
     sigma = ((m["anisotropy_A"] - null) / m["isotropic_sd"]) if m["isotropic_sd"] else float("nan")
     k_lo, k_hi = result["power_law_range"]
-    lines += ["", f"A is {sigma:.1f} isotropic standard deviations above its null {null:.4g}. "
-              f"α was fitted over eigenvalues k = {k_lo}…{k_hi} (those above the Marchenko–Pastur edge).",
-              f"Sampled measures (artefact test, sign null, partition ratio, uniformity) use {result['sample_size']} "
-              "random vectors."]
+    lines += [
+        "",
+        f"A is {sigma:.1f} isotropic standard deviations above its null {null:.4g}. "
+        f"α was fitted over eigenvalues k = {k_lo}…{k_hi} (those above the Marchenko–Pastur edge).",
+        f"Sampled measures (artefact test, sign null, partition ratio, uniformity) use {result['sample_size']} "
+        "random vectors.",
+    ]
     aligned = result.get("alignment")
     if aligned:
         value = "undefined (no pair matched)" if aligned["alignment"] is None else f"{aligned['alignment']:.6g}"
-        lines += [f"Alignment E‖x̂−ŷ‖² over {aligned['pairs']} positive pairs: {value}"
-                  + (f" ({aligned['unmatched_pairs']} pairs name an id not among the valid rows)"
-                     if aligned["unmatched_pairs"] else "")]
+        lines += [
+            f"Alignment E‖x̂−ŷ‖² over {aligned['pairs']} positive pairs: {value}"
+            + (
+                f" ({aligned['unmatched_pairs']} pairs name an id not among the valid rows)"
+                if aligned["unmatched_pairs"]
+                else ""
+            )
+        ]
     artefact = result["artefact"]
     if artefact["abs_corr"] or artefact["label_means"]:
         lines += ["", "## Is u1 an artefact? (|corr| of the u1 projection)", ""]
-        lines += [f"- {name}: {'undefined (constant column)' if c is None else f'{c:.4f}'}"
-                  for name, c in artefact["abs_corr"].items()]
+        lines += [
+            f"- {name}: {'undefined (constant column)' if c is None else f'{c:.4f}'}"
+            for name, c in artefact["abs_corr"].items()
+        ]
         lines += [f"- mean projection for label {label!r}: {v:+.4f}" for label, v in artefact["label_means"].items()]
         u1, null = artefact["directions"][0], artefact["null"]
         if u1.get("p_adjusted") is not None:
-            lines.append(f"- permutation-adjusted p (maxT over {len(artefact['directions'])} directions × "
-                         f"{len(null['columns'])} columns × Pearson/Spearman, {null['permutations']} permutations, "
-                         f"{null['sample_size']} sampled rows): {u1['p_adjusted']:.3g} — "
-                         + ("an artefact" if u1["significant"] else "not evidence of an artefact"))
+            lines.append(
+                f"- permutation-adjusted p (maxT over {len(artefact['directions'])} directions × "
+                f"{len(null['columns'])} columns × Pearson/Spearman, {null['permutations']} permutations, "
+                f"{null['sample_size']} sampled rows): {u1['p_adjusted']:.3g} — "
+                + ("an artefact" if u1["significant"] else "not evidence of an artefact")
+            )
     if any(row["abs_corr"] or row["label_separation"] is not None for row in artefact.get("directions", [])):
         lines += ["", directions_markdown(artefact["directions"])]
     if result["per_cluster"]:
@@ -388,8 +468,9 @@ def markdown_summary(result: dict) -> str:
 
 def verdict_markdown(recommendation: dict) -> str:
     """The recommendation as Markdown: method (with its directions / k), reasons, warnings."""
-    detail = ", ".join(f"{key} = {recommendation[key]}" for key in ("directions", "D", "k")
-                       if recommendation.get(key) is not None)
+    detail = ", ".join(
+        f"{key} = {recommendation[key]}" for key in ("directions", "D", "k") if recommendation.get(key) is not None
+    )
     lines = [f"## Verdict: {recommendation['method']}" + (f" ({detail})" if detail else ""), ""]
     lines += [f"- {reason}" for reason in recommendation["reasons"]]
     lines += [f"- **warning:** {warning}" for warning in recommendation["warnings"]]
@@ -404,16 +485,25 @@ def directions_markdown(directions: list[dict]) -> str:
     def number(value, form):
         return "–" if value is None else format(value, form)
 
-    lines = ["## Per-direction artefact test (|Pearson| / |Spearman| of each principal direction's projection; "
-             "p adjusted over all directions and columns)", "",
-             "| direction | eigenvalue | " + " | ".join(columns) + " | adjusted p | artefact | label separation (SDs) "
-             "| label p |", "|---" * (len(columns) + 7) + "|"]
+    lines = [
+        "## Per-direction artefact test (|Pearson| / |Spearman| of each principal direction's projection; "
+        "p adjusted over all directions and columns)",
+        "",
+        "| direction | eigenvalue | " + " | ".join(columns) + " | adjusted p | artefact | label separation (SDs) "
+        "| label p |",
+        "|---" * (len(columns) + 7) + "|",
+    ]
     for row in directions:
-        cells = [f"{number(row['abs_corr'].get(c), '.3f')} / {number(row.get('abs_spearman', {}).get(c), '.3f')}"
-                 for c in columns]
-        lines.append(f"| u{row['index']} | {row['eigenvalue']:.4g} | " + " | ".join(cells)
-                     + f" | {number(row.get('p_adjusted'), '.3g')} | {'yes' if row.get('significant') else 'no'} | "
-                     f"{number(row['label_separation'], '.2f')} | {number(row.get('label_p_adjusted'), '.3g')} |")
+        cells = [
+            f"{number(row['abs_corr'].get(c), '.3f')} / {number(row.get('abs_spearman', {}).get(c), '.3f')}"
+            for c in columns
+        ]
+        lines.append(
+            f"| u{row['index']} | {row['eigenvalue']:.4g} | "
+            + " | ".join(cells)
+            + f" | {number(row.get('p_adjusted'), '.3g')} | {'yes' if row.get('significant') else 'no'} | "
+            f"{number(row['label_separation'], '.2f')} | {number(row.get('label_p_adjusted'), '.3g')} |"
+        )
     return "\n".join(lines)
 
 
@@ -423,27 +513,46 @@ def cluster_markdown(table: dict) -> str:
     lines = ["## Per cluster", "", "| cluster | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     rows = [("all", table["global"])] + [(str(r["cluster"]), r) for r in table["clusters"]]
     lines += [f"| {name} | " + " | ".join(cell_text(row.get(k)) for k in keys) + " |" for name, row in rows]
-    verdict = ("globally anisotropic, locally isotropic: every cluster has a lower top-1 share and a higher "
-               "effective rank than the whole corpus" if table["locally_isotropic"]
-               else "not locally isotropic: some cluster is as concentrated as the whole corpus")
+    verdict = (
+        "globally anisotropic, locally isotropic: every cluster has a lower top-1 share and a higher "
+        "effective rank than the whole corpus"
+        if table["locally_isotropic"]
+        else "not locally isotropic: some cluster is as concentrated as the whole corpus"
+    )
     return "\n".join(lines + ["", verdict])
 
 
 def append_metrics_row(spark: SparkSession, table: str, result: DiagnosisReport) -> None:
     """Append one row (run id, time, input path + version, config hash, scalar metrics) to a Delta table."""
-    row = {"run_id": result.run_id, "created_at": datetime.datetime.fromisoformat(result.created_at),
-           "input_path": result.input.path, "input_version": result.input.version,
-           "config_hash": result.config_hash, "invalid_rows": result.invalid_rows}
+    row = {
+        "run_id": result.run_id,
+        "created_at": datetime.datetime.fromisoformat(result.created_at),
+        "input_path": result.input.path,
+        "input_version": result.input.version,
+        "config_hash": result.config_hash,
+        "invalid_rows": result.invalid_rows,
+    }
     row.update({k: v if v is None or k in INTEGER_METRICS else float(v) for k, v in result.metrics.items()})
-    schema = ("run_id string, created_at timestamp, input_path string, input_version long, config_hash string, "
-              "invalid_rows long, " + ", ".join(
-                  f"{k} {'long' if k in INTEGER_METRICS else 'double'}" for k in SCALAR_METRICS))
-    (spark.createDataFrame([row], schema).write.format("delta").mode("append")
-     .option("mergeSchema", "true").save(table))    # a metric added by a newer version becomes a new column
+    schema = (
+        "run_id string, created_at timestamp, input_path string, input_version long, config_hash string, "
+        "invalid_rows long, " + ", ".join(f"{k} {'long' if k in INTEGER_METRICS else 'double'}" for k in SCALAR_METRICS)
+    )
+    (
+        spark.createDataFrame([row], schema)
+        .write.format("delta")
+        .mode("append")
+        .option("mergeSchema", "true")
+        .save(table)
+    )  # a metric added by a newer version becomes a new column
 
 
-def write_outputs(spark: SparkSession, config: DiagnoseConfig, result: DiagnosisReport,
-                  before: DiagnosisReport | None = None, applied: dict | None = None) -> str:
+def write_outputs(
+    spark: SparkSession,
+    config: DiagnoseConfig,
+    result: DiagnosisReport,
+    before: DiagnosisReport | None = None,
+    applied: dict | None = None,
+) -> str:
     """Write report.json (:meth:`DiagnosisReport.to_json`) / report.md, the PNGs + report.html, and the metrics row;
     returns the Markdown.
 
@@ -453,14 +562,21 @@ def write_outputs(spark: SparkSession, config: DiagnoseConfig, result: Diagnosis
     """
     data = result.to_json()
     storage.write_atomic(storage.join(config.output_dir, "report.json"), json.dumps(data, indent=2, default=str))
-    write_report_assets(picture_report(result), config.output_dir, samples=result.sample.vectors,
-                        metadata=result.sample.metadata or None,
-                        before=picture_report(before) if before else None,
-                        before_samples=before.sample.vectors if before else None,
-                        title=f"Anisotropy report: {result.input.path}",
-                        artefact_directions=result.artefact.get("directions"), meanings=METRIC_MEANINGS,
-                        verdict=data["recommendation"], evaluation=result.evaluation,
-                        clusters=result.per_cluster, applied=applied)
+    write_report_assets(
+        picture_report(result),
+        config.output_dir,
+        samples=result.sample.vectors,
+        metadata=result.sample.metadata or None,
+        before=picture_report(before) if before else None,
+        before_samples=before.sample.vectors if before else None,
+        title=f"Anisotropy report: {result.input.path}",
+        artefact_directions=result.artefact.get("directions"),
+        meanings=METRIC_MEANINGS,
+        verdict=data["recommendation"],
+        evaluation=result.evaluation,
+        clusters=result.per_cluster,
+        applied=applied,
+    )
     summary = markdown_summary(data)
     if applied:
         summary = "\n".join([f"**{applied['headline']}**", *[f"- {note}" for note in applied["notes"]], "", summary])
@@ -472,8 +588,11 @@ def write_outputs(spark: SparkSession, config: DiagnoseConfig, result: Diagnosis
 
 def picture_report(result: DiagnosisReport) -> dict:
     """The flat report shape the pictures read: scalar metrics plus spectrum, u1 and mean as arrays."""
-    return {**result.metrics, **{k: np.asarray(getattr(result.diagnosis, k)) for k in ("spectrum", "u1", "mean")},
-            "power_law_range": list(result.diagnosis.power_law_range)}
+    return {
+        **result.metrics,
+        **{k: np.asarray(getattr(result.diagnosis, k)) for k in ("spectrum", "u1", "mean")},
+        "power_law_range": list(result.diagnosis.power_law_range),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ a uniform sample of ``sample_size`` rows trained on the driver for ``steps`` Ada
 artifact directory ``artifact`` holds ``manifest.json`` + ``arrays.npz`` (see anisotropy_core.artifact)
 and the pyspark.ml ``metadata/``; it records the fitted-on table path and version. Prints the manifest.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -91,10 +92,17 @@ def run_fit(spark: SparkSession, config: FitConfig) -> dict:
     df, ref = read_table(spark, config.input, config.input_version)
     require_schema(df.columns, config.named_columns())
     estimator = config.estimator()
-    checked = validate(as_vector_array(df, config.vector_col), config.vector_col, config.id_col, config.dimension,
-                       config.on_invalid, config.quarantine_path, input_version=ref.version,
-                       with_moments=estimator.moment_based,   # a moment-based fit then needs no second pass
-                       max_norm_ratio=config.max_norm_ratio)
+    checked = validate(
+        as_vector_array(df, config.vector_col),
+        config.vector_col,
+        config.id_col,
+        config.dimension,
+        config.on_invalid,
+        config.quarantine_path,
+        input_version=ref.version,
+        with_moments=estimator.moment_based,  # a moment-based fit then needs no second pass
+        max_norm_ratio=config.max_norm_ratio,
+    )
     model = estimator.fitWithMoments(checked.valid, checked.moments).setFittedOn(ref)
     model.write().overwrite().save(config.artifact)
     return load_artifact(config.artifact).manifest

@@ -6,6 +6,7 @@ the transform artifact plus ``fit_report.json`` — the method, its parameters a
 fitted on, which the drift test compares against, and (:func:`mark_rejected`) ``rejected``: the run whose gate
 refused the output made with it, and why. A rejected fit is kept for inspection and never reused.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,7 +43,7 @@ def fit_params(config: NightlyConfig, method: str, rec: Recommendation) -> dict:
     if method == Method.ABTT:
         evidence = list(rec.evidence.get("artefact_directions") or [])
         directions = evidence if params["D"] is None and evidence else None
-        if directions == list(range(1, len(directions or []) + 1)):      # the top D: stated as D, canonical
+        if directions == list(range(1, len(directions or []) + 1)):  # the top D: stated as D, canonical
             return params | {"D": len(directions), "directions": None}
         params["directions"] = directions
     if method == Method.WHITENING and params["k"] is None:
@@ -50,8 +51,9 @@ def fit_params(config: NightlyConfig, method: str, rec: Recommendation) -> dict:
     return params
 
 
-def candidate_fit(name: str, transform: FittedTransform | None, directions: list[int], config: NightlyConfig,
-                  rec: Recommendation) -> tuple[str, dict]:
+def candidate_fit(
+    name: str, transform: FittedTransform | None, directions: list[int], config: NightlyConfig, rec: Recommendation
+) -> tuple[str, dict]:
     """(method, fit parameters) of evaluation candidate ``name`` (see :mod:`anisotropy_core.candidates`), as
     :func:`fit_params` would state them: ``abtt+whitening`` is whitening with the ABTT ``directions`` excluded."""
     if name in (Method.NONE, Method.CENTER):
@@ -61,20 +63,27 @@ def candidate_fit(name: str, transform: FittedTransform | None, directions: list
         return Method.ABTT, {"D": None, "directions": list(abtt.directions), "max_D": None}
     if name in (Method.WHITENING, ABTT_WHITENING):
         whitening = _fitted_candidate(name, transform, Whitening)
-        return Method.WHITENING, {"k": whitening.k, "shrinkage": 0.0, "normalize": False,
-                                  "exclude": list(directions) if name == ABTT_WHITENING else None}
+        return Method.WHITENING, {
+            "k": whitening.k,
+            "shrinkage": 0.0,
+            "normalize": False,
+            "exclude": list(directions) if name == ABTT_WHITENING else None,
+        }
     return name, fit_params(config, name, rec)
 
 
 def _fitted_candidate(name: str, transform: FittedTransform | None, kind: type[_Fitted]) -> _Fitted:
     """The fitted ``transform`` of candidate ``name``, which its family fits as a ``kind``; TypeError otherwise."""
     if not isinstance(transform, kind):
-        raise TypeError(f"evaluation candidate {name}: expected a fitted {kind.__name__}, got {type(transform).__name__}")
+        raise TypeError(
+            f"evaluation candidate {name}: expected a fitted {kind.__name__}, got {type(transform).__name__}"
+        )
     return transform
 
 
-def fit_model(config: NightlyConfig, method: str, params: dict, valid: DataFrame, ref: TableRef,
-              moments: Moments) -> CorrectionModel:
+def fit_model(
+    config: NightlyConfig, method: str, params: dict, valid: DataFrame, ref: TableRef, moments: Moments
+) -> CorrectionModel:
     """Fit ``method`` with ``params`` on the valid rows, whose merged ``moments`` the diagnosis computed: a
     moment-based method with n ≥ d fits from them (no second pass over the table), any other reads ``valid``.
     The model writes ``out_col`` and records ``ref``."""
@@ -104,13 +113,16 @@ def serving_artifact(previous: dict | None) -> Artifact | None:
         return None
     artifact = load_artifact(previous["artifact"])
     if artifact.transform_version != previous.get("transform_version"):
-        raise ArtifactError(f"{previous['artifact']}: holds transform {artifact.transform_version}, but the published "
-                            f"rows carry {previous.get('transform_version')}")
+        raise ArtifactError(
+            f"{previous['artifact']}: holds transform {artifact.transform_version}, but the published "
+            f"rows carry {previous.get('transform_version')}"
+        )
     return artifact
 
 
-def reusable(config: NightlyConfig, previous: dict | None, method: str, params: dict, d: int,
-             metrics: dict) -> tuple[Artifact | None, str]:
+def reusable(
+    config: NightlyConfig, previous: dict | None, method: str, params: dict, d: int, metrics: dict
+) -> tuple[Artifact | None, str]:
     """(the artifact to reuse or None, why). Reuse needs ``refit: on_drift``, a previously published artifact
     (:func:`serving_artifact`) of the same method, dimension and fit parameters, not marked rejected, and every
     ``drift`` metric within its threshold."""
@@ -120,7 +132,7 @@ def reusable(config: NightlyConfig, previous: dict | None, method: str, params: 
         return None, "no previously published transform"
     try:
         artifact = serving_artifact(previous)
-        if artifact is None:          # not reached: previous names an artifact (checked above)
+        if artifact is None:  # not reached: previous names an artifact (checked above)
             return None, "no previously published transform"
         artifact.check_dimension(d)
         fitted = json.loads(storage.read_text(storage.join(previous["artifact"], FIT_REPORT)))
@@ -128,15 +140,18 @@ def reusable(config: NightlyConfig, previous: dict | None, method: str, params: 
         return None, f"previous artifact unusable ({exc})"
     if fitted.get("rejected"):
         rejected = fitted["rejected"]
-        return None, (f"previous artifact {previous['artifact']} is marked rejected (run {rejected.get('run_id')}: "
-                      f"{rejected.get('reason')})")
+        return None, (
+            f"previous artifact {previous['artifact']} is marked rejected (run {rejected.get('run_id')}: "
+            f"{rejected.get('reason')})"
+        )
     if fitted.get("method") != method or fitted.get("params") != params:
         return None, f"method/params changed ({fitted.get('method')} {fitted.get('params')} → {method} {params})"
     moved = {k: abs(metrics[k] - fitted["metrics"][k]) for k in config.drift}
     over = {k: v for k, v in moved.items() if v > config.drift[k]}
     if over:
-        return None, "diagnosis drifted beyond thresholds: " + ", ".join(f"{k} moved {v:.4g} > {config.drift[k]}"
-                                                                         for k, v in over.items())
+        return None, "diagnosis drifted beyond thresholds: " + ", ".join(
+            f"{k} moved {v:.4g} > {config.drift[k]}" for k, v in over.items()
+        )
     return artifact, "diagnosis within drift thresholds: " + ", ".join(f"{k} moved {v:.4g}" for k, v in moved.items())
 
 
@@ -154,6 +169,8 @@ def save_fit(config: NightlyConfig, model: CorrectionModel, method: str, params:
     """Save the fitted transform (artifact, then fit_report.json) under artifacts_dir; returns its path."""
     path = storage.join(config.artifacts_dir, model.transform_version)
     save_artifact(path, model.transform_, model.n, model.fitted_on)
-    storage.write_atomic(storage.join(path, FIT_REPORT),
-                         json.dumps({"method": method, "params": params, "metrics": metrics}, indent=2, sort_keys=True))
+    storage.write_atomic(
+        storage.join(path, FIT_REPORT),
+        json.dumps({"method": method, "params": params, "metrics": metrics}, indent=2, sort_keys=True),
+    )
     return path

@@ -21,6 +21,7 @@ factory and nprobe (two more builds).
 
 In the nightly: :func:`index_stage` (after publish) builds from the published table and version.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -92,14 +93,15 @@ class Table:
     dimension: int
 
 
-def valid_table(spark: SparkSession, path: str, version: int | None, settings: IndexSettings,
-                dimension: int | None = None) -> Table:
+def valid_table(
+    spark: SparkSession, path: str, version: int | None, settings: IndexSettings, dimension: int | None = None
+) -> Table:
     """The rows of ``path`` at ``version`` after the input contract (every row valid, ids unique, else an error)."""
     df, ref = read_table(spark, path, version)
     df = as_vector_array(df, settings.vector_col)
     try:
         require_integral(df, settings.id_col, "id")
-    except ValueError as exc:       # the index keys its vectors by int64 ids
+    except ValueError as exc:  # the index keys its vectors by int64 ids
         raise SchemaError(f"{path}: {exc}") from None
     checked = validate(df, settings.vector_col, settings.id_col, dimension or settings.dimension, on_invalid="error")
     return Table(checked.valid, {"path": ref.path, "version": ref.version}, checked.valid.count(), checked.dimension)
@@ -108,9 +110,16 @@ def valid_table(spark: SparkSession, path: str, version: int | None, settings: I
 def samples(table: Table, settings: IndexSettings) -> tuple[Sample, Sample]:
     """(training sample, queries): one driver sample of max(train_size, query_size) rows; the queries are a
     uniform ``query_size`` subset of it."""
-    drawn = draw(table.rows, settings.vector_col, settings.id_col, table.dimension,
-                 max(settings.train_size, settings.query_size), settings.seed, table.total)
-    pick = np.sort(np.random.default_rng(settings.seed).permutation(len(drawn.ids))[:settings.query_size])
+    drawn = draw(
+        table.rows,
+        settings.vector_col,
+        settings.id_col,
+        table.dimension,
+        max(settings.train_size, settings.query_size),
+        settings.seed,
+        table.total,
+    )
+    pick = np.sort(np.random.default_rng(settings.seed).permutation(len(drawn.ids))[: settings.query_size])
     return drawn, Sample(drawn.vectors[pick], drawn.ids[pick])
 
 
@@ -122,8 +131,14 @@ def labelled_queries(spark: SparkSession, queries: LabelledQueries, dimension: i
         raise ConfigError(f"index queries {queries.path}: {exc}") from exc
 
 
-def index_stage(spark: SparkSession, settings: IndexSettings, path: str, version: int | None,
-                artifact_path: str | None, raw_table: tuple[str, int | None] | None = None) -> dict:
+def index_stage(
+    spark: SparkSession,
+    settings: IndexSettings,
+    path: str,
+    version: int | None,
+    artifact_path: str | None,
+    raw_table: tuple[str, int | None] | None = None,
+) -> dict:
     """Build the index of ``path`` at ``version`` (the nightly's ``index`` stage after publish: the published table
     and version, and the artifact it was corrected with), verify it and move ``CURRENT`` to it when it passes.
     ``raw_table`` (path, version): the raw table the corrected one came from, for the raw-against-corrected
@@ -136,9 +151,11 @@ def index_stage(spark: SparkSession, settings: IndexSettings, path: str, version
     artifact: Artifact | None = load_artifact(artifact_path) if artifact_path else None
     table = valid_table(spark, path, version, settings)
     if artifact is not None and artifact.transform.d_out != table.dimension:
-        raise core.IndexArtifactError(f"{path} holds vectors of dimension {table.dimension} but transform "
-                                      f"{artifact.transform_version} outputs dimension {artifact.transform.d_out}: "
-                                      f"the table was not corrected with this artifact")
+        raise core.IndexArtifactError(
+            f"{path} holds vectors of dimension {table.dimension} but transform "
+            f"{artifact.transform_version} outputs dimension {artifact.transform.d_out}: "
+            f"the table was not corrected with this artifact"
+        )
     transform = artifact.transform if artifact is not None else None
     labelled = None
     if settings.queries is not None:
@@ -146,65 +163,147 @@ def index_stage(spark: SparkSession, settings: IndexSettings, path: str, version
     previous = core.current_version(settings.index_dir)
     train, queries = samples(table, settings)
     try:
-        built = build_index(table.rows, settings.vector_col, settings.id_col, table.dimension, settings.factory,
-                            settings.index_dir, train, table.total, merge_memory_mb=settings.merge_memory_mb)
+        built = build_index(
+            table.rows,
+            settings.vector_col,
+            settings.id_col,
+            table.dimension,
+            settings.factory,
+            settings.index_dir,
+            train,
+            table.total,
+            merge_memory_mb=settings.merge_memory_mb,
+        )
     except MergeBudgetError as exc:
         raise ConfigError(f"index: {exc}") from exc
     try:
-        return verify_and_swap(spark, settings, table, artifact, labelled, built.index, built.factory, built.merge,
-                               previous, queries, raw_table, started)
+        return verify_and_swap(
+            spark,
+            settings,
+            table,
+            artifact,
+            labelled,
+            built.index,
+            built.factory,
+            built.merge,
+            previous,
+            queries,
+            raw_table,
+            started,
+        )
     finally:
         built.close()
 
 
-def verify_and_swap(spark: SparkSession, settings: IndexSettings, table: Table, artifact: Artifact | None,
-                    labelled: QuerySet | None, index, factory: str, merge: dict, previous: str | None,
-                    queries: Sample, raw_table: tuple[str, int | None] | None, started: float) -> dict:
+def verify_and_swap(
+    spark: SparkSession,
+    settings: IndexSettings,
+    table: Table,
+    artifact: Artifact | None,
+    labelled: QuerySet | None,
+    index,
+    factory: str,
+    merge: dict,
+    previous: str | None,
+    queries: Sample,
+    raw_table: tuple[str, int | None] | None,
+    started: float,
+) -> dict:
     """The verification and swap of :func:`index_stage` for the built ``index``."""
     transform = artifact.transform if artifact is not None else None
     k = settings.k
     if labelled is None:
-        exact = exact_ids(table.rows, settings.vector_col, settings.id_col, table.dimension, queries, k,
-                          {"index": None})["index"]
-    else:                    # one pass: the sampled rows and the labelled queries (in the corrected space)
+        exact = exact_ids(
+            table.rows, settings.vector_col, settings.id_col, table.dimension, queries, k, {"index": None}
+        )["index"]
+    else:  # one pass: the sampled rows and the labelled queries (in the corrected space)
         assert settings.queries is not None
         exact, labelled_exact = exact_ids_and_labelled(
-            table.rows, settings.vector_col, settings.id_col, table.dimension, queries, k,
-            transform.apply(labelled.vectors) if transform is not None else labelled.vectors, labelled.ids,
-            settings.queries.exclude_self)
+            table.rows,
+            settings.vector_col,
+            settings.id_col,
+            table.dimension,
+            queries,
+            k,
+            transform.apply(labelled.vectors) if transform is not None else labelled.vectors,
+            labelled.ids,
+            settings.queries.exclude_self,
+        )
     verification = verify_index(index, queries, exact, k, settings.min_index_recall, settings.nprobe)
     reasons = []
     if not verification["passed"]:
-        reasons.append(f"recall@{k} {verification[f'recall@{k}']:.4f} at nprobe {verification['nprobe']} is below "
-                       f"min_index_recall {settings.min_index_recall}")
+        reasons.append(
+            f"recall@{k} {verification[f'recall@{k}']:.4f} at nprobe {verification['nprobe']} is below "
+            f"min_index_recall {settings.min_index_recall}"
+        )
     if labelled is None:
         verification["ndcg"] = NDCG_NOT_MEASURED
     else:
         assert settings.queries is not None
-        ndcg = verify_ndcg(index, transform, labelled.vectors, labelled.ids, labelled.relevant, labelled_exact, k,
-                           verification["nprobe"], settings.max_ndcg_drop, settings.queries.exclude_self)
+        ndcg = verify_ndcg(
+            index,
+            transform,
+            labelled.vectors,
+            labelled.ids,
+            labelled.relevant,
+            labelled_exact,
+            k,
+            verification["nprobe"],
+            settings.max_ndcg_drop,
+            settings.queries.exclude_self,
+        )
         verification["ndcg"] = {**ndcg, "queries_path": settings.queries.path}
         if not ndcg["passed"]:
-            reasons.append(f"nDCG@{k} of the index {ndcg['index']:.4f} at nprobe {ndcg['nprobe']} is "
-                           f"{ndcg['drop']:.4f} below exact search's {ndcg['exact']:.4f}, more than max_ndcg_drop "
-                           f"{settings.max_ndcg_drop}")
+            reasons.append(
+                f"nDCG@{k} of the index {ndcg['index']:.4f} at nprobe {ndcg['nprobe']} is "
+                f"{ndcg['drop']:.4f} below exact search's {ndcg['exact']:.4f}, more than max_ndcg_drop "
+                f"{settings.max_ndcg_drop}"
+            )
     verification["recall_passed"] = verification["passed"]
     verification["passed"] = not reasons
     transform_version = artifact.transform_version if artifact else None
-    record = {"index_dir": settings.index_dir, "previous_version": previous, "factory": factory,
-              "n": int(index.ntotal), "d": int(index.d), "built_from": table.ref, "merge": merge,
-              "transform_version": transform_version, "verification": verification}
+    record = {
+        "index_dir": settings.index_dir,
+        "previous_version": previous,
+        "factory": factory,
+        "n": int(index.ntotal),
+        "d": int(index.d),
+        "built_from": table.ref,
+        "merge": merge,
+        "transform_version": transform_version,
+        "verification": verification,
+    }
     if raw_table is not None and artifact is not None:
         raw = valid_table(spark, raw_table[0], raw_table[1], settings, artifact.transform.d_in)
         raw_train, raw_queries = samples(raw, settings)
-        record["quality"] = space_quality(raw.rows, settings.vector_col, settings.id_col, raw.dimension, factory,
-                                          verification["nprobe"], artifact.transform, settings.index_dir,
-                                          raw_train, raw_queries, raw.total, k, settings.merge_memory_mb)
+        record["quality"] = space_quality(
+            raw.rows,
+            settings.vector_col,
+            settings.id_col,
+            raw.dimension,
+            factory,
+            verification["nprobe"],
+            artifact.transform,
+            settings.index_dir,
+            raw_train,
+            raw_queries,
+            raw.total,
+            k,
+            settings.merge_memory_mb,
+        )
     if reasons:
         reason = "; ".join(reasons) + f"; CURRENT stays on {previous}"
         return {**record, "status": "refused", "reason": reason, "seconds": time.perf_counter() - started}
-    manifest = core.build_manifest(index, factory, verification["nprobe"], verification["nprobe_curve"],
-                                   core.to_bytes(index), table.ref, transform_version, verification)
+    manifest = core.build_manifest(
+        index,
+        factory,
+        verification["nprobe"],
+        verification["nprobe_curve"],
+        core.to_bytes(index),
+        table.ref,
+        transform_version,
+        verification,
+    )
     version_name = core.publish_index(settings.index_dir, index, manifest, artifact)
     return {**record, "status": "published", "index_version": version_name, "seconds": time.perf_counter() - started}
 
@@ -215,8 +314,16 @@ def run_index(spark: SparkSession, config: IndexConfig) -> dict:
     return index_stage(spark, config, config.input, config.input_version, config.artifact, quality)
 
 
-def search_printout(spark: SparkSession, searcher: core.Searcher, corpus_table: str, query_id: int, k: int = 5,
-                    id_col: str = "id", vector_col: str = "vector", text_col: str = "sentence") -> str:
+def search_printout(
+    spark: SparkSession,
+    searcher: core.Searcher,
+    corpus_table: str,
+    query_id: int,
+    k: int = 5,
+    id_col: str = "id",
+    vector_col: str = "vector",
+    text_col: str = "sentence",
+) -> str:
     """The demo's last lines: the raw vector of the corpus row ``query_id`` of ``corpus_table`` searched through
     ``searcher`` (transform + index), its ``k`` nearest rows by id, score and text, and the index's recall against
     exact search (from its manifest's verification; with its nDCG against exact search's when measured)."""
@@ -226,18 +333,30 @@ def search_printout(spark: SparkSession, searcher: core.Searcher, corpus_table: 
         raise ConfigError(f"{corpus_table}: no row with {id_col} = {query_id}")
     ids, scores = searcher.search(np.asarray(row[vector_col], dtype=np.float64), k + 1)
     hits = [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i != query_id][:k]
-    texts = {r[id_col]: r[text_col] for r in corpus.where(F.col(id_col).isin([i for i, _ in hits]))
-             .select(id_col, text_col).collect()}
+    texts = {
+        r[id_col]: r[text_col]
+        for r in corpus.where(F.col(id_col).isin([i for i, _ in hits])).select(id_col, text_col).collect()
+    }
     manifest = searcher.manifest
     check = manifest["verification"]
     recall = check[f"recall@{check['k']}"]
     ndcg = check.get("ndcg")
-    measured = (f"; nDCG@{ndcg['k']} {ndcg['index']:.3f} against exact search's {ndcg['exact']:.3f} on "
-                f"{ndcg['queries']} labelled queries") if isinstance(ndcg, dict) else ""
-    lines = [f"## Search: {row[text_col]!r} (id {query_id})", "",
-             f"index {manifest['index_version']} ({manifest['factory']}, nprobe {manifest['nprobe']}, "
-             f"{manifest['n']} vectors; transform {manifest['transform_version']}): recall@{check['k']} against "
-             f"exact search {recall:.3f} on {check['queries']} queries{measured}", ""]
+    measured = (
+        (
+            f"; nDCG@{ndcg['k']} {ndcg['index']:.3f} against exact search's {ndcg['exact']:.3f} on "
+            f"{ndcg['queries']} labelled queries"
+        )
+        if isinstance(ndcg, dict)
+        else ""
+    )
+    lines = [
+        f"## Search: {row[text_col]!r} (id {query_id})",
+        "",
+        f"index {manifest['index_version']} ({manifest['factory']}, nprobe {manifest['nprobe']}, "
+        f"{manifest['n']} vectors; transform {manifest['transform_version']}): recall@{check['k']} against "
+        f"exact search {recall:.3f} on {check['queries']} queries{measured}",
+        "",
+    ]
     lines += [f"{rank}. id {i}  cosine {s:.3f}  {texts.get(i, '')}" for rank, (i, s) in enumerate(hits, 1)]
     return "\n".join(lines)
 

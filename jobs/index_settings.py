@@ -1,6 +1,7 @@
 """How to build the corpus index: the ``index:`` block of a nightly, and the index job's settings without its
 input keys (:class:`jobs.index.IndexConfig`); the labelled queries its verification may use. Spark-free, so that
 :mod:`jobs.nightly_config` imports no job."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,13 @@ class LabelledQueries:
         """The queries of an ``evaluation:`` block (None when it names none)."""
         if evaluation is None or not evaluation.queries:
             return None
-        return cls(path=evaluation.queries, id_col=evaluation.query_id_col, vector_col=evaluation.query_vector_col,
-                   relevant_col=evaluation.relevant_col, exclude_self=evaluation.exclude_self)
+        return cls(
+            path=evaluation.queries,
+            id_col=evaluation.query_id_col,
+            vector_col=evaluation.query_vector_col,
+            relevant_col=evaluation.relevant_col,
+            exclude_self=evaluation.exclude_self,
+        )
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -50,20 +56,41 @@ class IndexSettings:
     vector_col: str = "vector"
     id_col: str = "id"
     dimension: int | None = None
-    merge_memory_mb: float = dataclasses.field(default=4096.0, metadata={"help": (
-        "MiB of shards the driver merges in memory; beyond it faiss's on-disk merge writes the inverted lists to "
-        "an .ivfdata file beside the index (IVF factories only) (default 4096)")})
-    queries: LabelledQueries | None = dataclasses.field(default=None, metadata={"help": (
-        "labelled queries {path, id_col, vector_col, relevant_col, exclude_self} (raw vectors): the verification "
-        "also compares the index's nDCG@k with exact search's; null = not measured (the nightly then uses its "
-        "evaluation block's queries, if any) (default null)")})
-    max_ndcg_drop: float = dataclasses.field(default=0.02, metadata={"help": (
-        "with queries: refuse the swap when the index's nDCG@k is below exact search's by more than this "
-        "(default 0.02)")})
+    merge_memory_mb: float = dataclasses.field(
+        default=4096.0,
+        metadata={
+            "help": (
+                "MiB of shards the driver merges in memory; beyond it faiss's on-disk merge writes the inverted lists to "
+                "an .ivfdata file beside the index (IVF factories only) (default 4096)"
+            )
+        },
+    )
+    queries: LabelledQueries | None = dataclasses.field(
+        default=None,
+        metadata={
+            "help": (
+                "labelled queries {path, id_col, vector_col, relevant_col, exclude_self} (raw vectors): the verification "
+                "also compares the index's nDCG@k with exact search's; null = not measured (the nightly then uses its "
+                "evaluation block's queries, if any) (default null)"
+            )
+        },
+    )
+    max_ndcg_drop: float = dataclasses.field(
+        default=0.02,
+        metadata={
+            "help": (
+                "with queries: refuse the swap when the index's nDCG@k is below exact search's by more than this "
+                "(default 0.02)"
+            )
+        },
+    )
 
     def check(self) -> list[str]:
-        problems = [f"{key} must be >= 1, got {getattr(self, key)}" for key in ("k", "train_size", "query_size")
-                    if getattr(self, key) < 1]
+        problems = [
+            f"{key} must be >= 1, got {getattr(self, key)}"
+            for key in ("k", "train_size", "query_size")
+            if getattr(self, key) < 1
+        ]
         if self.nprobe is not None and self.nprobe < 1:
             problems.append(f"nprobe must be >= 1 or null, got {self.nprobe}")
         if not 0 <= self.min_index_recall <= 1:
@@ -75,4 +102,3 @@ class IndexSettings:
         if self.dimension is not None and self.dimension < 1:
             problems.append(f"dimension must be >= 1, got {self.dimension}")
         return problems
-

@@ -13,6 +13,7 @@ ends; an earlier run that never ended is marked ``killed`` then. A run the gate 
 Exit codes: 0 published / no-op / kept / rolled back; 2 config error; 3 gate rejected; 4 lost a concurrent
 publish; 5 invalid input rows (``on_invalid: error``); 1 anything else.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,8 +67,12 @@ def rollback(spark: SparkSession, config: NightlyConfig, version: int, ctx: Nigh
         raise ConfigError(f"--rollback-to: {config.output} is not a Delta table")
     if not 0 <= version < state.version:
         raise ConfigError(f"--rollback-to {version}: must be an earlier version, 0..{state.version - 1}")
-    meta = {"rollback_to": version, "run_id": rec.run_id, "restored": meta_at(spark, config.output, version),
-            "from_version": state.version}
+    meta = {
+        "rollback_to": version,
+        "run_id": rec.run_id,
+        "restored": meta_at(spark, config.output, version),
+        "from_version": state.version,
+    }
     with timed_stage(log, rec.stages, "rollback"):
         new_version = restore(spark, config.output, version, meta)
     rec.status, rec.mode = "rolled_back", "rollback"
@@ -81,20 +86,24 @@ def parse_cli(argv: list[str] | None) -> tuple[NightlyConfig, int | None]:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--rollback-to", type=int, default=None, metavar="VERSION")
     known, rest = pre.parse_known_args(argv)
-    config, _ = parse_args(NightlyConfig, rest, "Nightly rebuild of the corrected embedding table "
-                                                "(--rollback-to VERSION restores an earlier output version)")
+    config, _ = parse_args(
+        NightlyConfig,
+        rest,
+        "Nightly rebuild of the corrected embedding table (--rollback-to VERSION restores an earlier output version)",
+    )
     return config, known.rollback_to
 
 
-def run_recorded(spark: SparkSession, config: NightlyConfig,
-                 rollback_to: int | None = None) -> tuple[RunRecord, int]:
+def run_recorded(spark: SparkSession, config: NightlyConfig, rollback_to: int | None = None) -> tuple[RunRecord, int]:
     """One nightly run (or a rollback) with its run records, as ``anisotropy nightly`` runs it: a ``started`` record
     first, the final record at the end (also of a refused or failed run). Returns (the record, the exit code);
     an unexpected error is re-raised after its ``failed`` record is written."""
     ctx = NightlyContext(spark, config, new_record(config))
     start_record(spark, config, ctx.record)
     try:
-        record = rollback(spark, config, rollback_to, ctx) if rollback_to is not None else run_nightly(spark, config, ctx)
+        record = (
+            rollback(spark, config, rollback_to, ctx) if rollback_to is not None else run_nightly(spark, config, ctx)
+        )
         status = record.status
     except Exception as exc:  # noqa: BLE001 — classified, recorded; anything unexpected re-raised after recording
         classified = classify(exc)

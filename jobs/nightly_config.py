@@ -6,6 +6,7 @@ the ``mixture_check`` k-means, ``seed`` is shared); each such field takes its de
 constraint from the declaration (:func:`nightly_field`), and :func:`jobs.fit_or_reuse.fit_params` maps them
 back through the same table.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,24 +33,37 @@ CORE_METRICS = Diagnosis.scalar_names()
 
 # method → {its setting: the nightly key holding it}; a setting absent here takes the method's default, but
 # abtt's ``max_D`` (the ``decision`` block's) and ``directions`` (the artefact evidence): see fit_params
-NIGHTLY_KEYS: dict[str, dict[str, str]] = {   # keyed by Method, looked up by its name too
+NIGHTLY_KEYS: dict[str, dict[str, str]] = {  # keyed by Method, looked up by its name too
     Method.CENTER: {},
     Method.ABTT: {"D": "abtt_D"},
     Method.ABTT_PCA_ABTT: {"D": "abtt_D", "k": "pca_k", "D2": "abtt_D2"},
     Method.WHITENING: {"k": "whitening_k", "shrinkage": "whitening_shrinkage", "normalize": "whitening_normalize"},
-    Method.CLUSTER_RECENTER: {"k": "cluster_k", "D": "cluster_D", "distance_measure": "cluster_distance_measure",
-                              "task_memory": "cluster_task_memory", "seed": "seed"},
-    Method.FLOW: {key: "flow_" + key for key in
-                  ("sample_size", "steps", "couplings", "hidden", "batch_size", "learning_rate")} | {"seed": "seed"},
+    Method.CLUSTER_RECENTER: {
+        "k": "cluster_k",
+        "D": "cluster_D",
+        "distance_measure": "cluster_distance_measure",
+        "task_memory": "cluster_task_memory",
+        "seed": "seed",
+    },
+    Method.FLOW: {
+        key: "flow_" + key for key in ("sample_size", "steps", "couplings", "hidden", "batch_size", "learning_rate")
+    }
+    | {"seed": "seed"},
 }
 
-NightlyMethod = Literal["auto"] | Method       # auto: the diagnosis (and the evaluation, when on) decides
+NightlyMethod = Literal["auto"] | Method  # auto: the diagnosis (and the evaluation, when on) decides
 
 
 def nightly_field(key: str) -> Any:
     """The config field of nightly key ``key``: the setting(s) :data:`NIGHTLY_KEYS` maps to it."""
-    return setting_field(*[settings_of(method).setting(setting) for method, keys in NIGHTLY_KEYS.items()
-                           for setting, nightly in keys.items() if nightly == key])
+    return setting_field(
+        *[
+            settings_of(method).setting(setting)
+            for method, keys in NIGHTLY_KEYS.items()
+            for setting, nightly in keys.items()
+            if nightly == key
+        ]
+    )
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -91,8 +105,9 @@ class NightlyConfig(InputSettings, OutputFiles):
     neighbour_k: int = 10
     index: IndexSettings | None = None
     refit: Literal["always", "on_drift"] = "on_drift"
-    drift: dict[str, float] = dataclasses.field(default_factory=lambda: {
-        "offset_ratio": 0.05, "anisotropy_A": 0.05, "top1_var": 0.05, "erank_frac": 0.05})
+    drift: dict[str, float] = dataclasses.field(
+        default_factory=lambda: {"offset_ratio": 0.05, "anisotropy_A": 0.05, "top1_var": 0.05, "erank_frac": 0.05}
+    )
     incremental: bool = True
     output_bounds: dict[str, list[float | None]] = dataclasses.field(default_factory=dict)
     artifacts_dir: str = "out/nightly/transforms"
@@ -115,10 +130,14 @@ class NightlyConfig(InputSettings, OutputFiles):
         if self.abtt_D is not None and self.dimension and self.abtt_D >= self.dimension:
             problems.append(f"abtt_D={self.abtt_D} must satisfy 0 <= abtt_D < dimension={self.dimension}")
         if self.whitening_k is not None and self.dimension and self.whitening_k > self.dimension:
-            problems.append(f"whitening_k={self.whitening_k} must satisfy 1 <= whitening_k <= dimension={self.dimension}")
+            problems.append(
+                f"whitening_k={self.whitening_k} must satisfy 1 <= whitening_k <= dimension={self.dimension}"
+            )
         if not 0.0 <= self.min_neighbour_overlap <= 1.0 or self.neighbour_sample < 1 or self.neighbour_k < 1:
-            problems.append(f"min_neighbour_overlap must be in [0, 1], neighbour_sample and neighbour_k >= 1, got "
-                            f"{self.min_neighbour_overlap}, {self.neighbour_sample}, {self.neighbour_k}")
+            problems.append(
+                f"min_neighbour_overlap must be in [0, 1], neighbour_sample and neighbour_k >= 1, got "
+                f"{self.min_neighbour_overlap}, {self.neighbour_sample}, {self.neighbour_k}"
+            )
         if self.artefact_directions < 1:
             problems.append(f"artefact_directions must be >= 1, got {self.artefact_directions}")
         if self.sample_size < 3:
@@ -133,7 +152,9 @@ class NightlyConfig(InputSettings, OutputFiles):
             if key not in CORE_METRICS:
                 problems.append(f"output_bounds.{key}: unknown metric; known: {CORE_METRICS}")
             elif len(bounds) != 2 or _low_above_high(*bounds):
-                problems.append(f"output_bounds.{key}: expected [low, high] (numbers or null, low <= high), got {bounds!r}")
+                problems.append(
+                    f"output_bounds.{key}: expected [low, high] (numbers or null, low <= high), got {bounds!r}"
+                )
         return problems
 
 
@@ -156,9 +177,21 @@ def check_against_data(config: NightlyConfig, n: int, d: int, method: str) -> No
 
 
 # settings that say where things go or how a run is gated, not what the published vectors are
-NON_CONTENT_KEYS = ("master", "runs_dir", "runs_table", "artifacts_dir", "quarantine_path", "app_id", "output_bounds",
-                    "min_neighbour_overlap", "neighbour_sample", "neighbour_k",
-                    "stale_run_hours", "target_file_mb", "index")
+NON_CONTENT_KEYS = (
+    "master",
+    "runs_dir",
+    "runs_table",
+    "artifacts_dir",
+    "quarantine_path",
+    "app_id",
+    "output_bounds",
+    "min_neighbour_overlap",
+    "neighbour_sample",
+    "neighbour_k",
+    "stale_run_hours",
+    "target_file_mb",
+    "index",
+)
 
 
 def nightly_config_hash(config: NightlyConfig) -> str:

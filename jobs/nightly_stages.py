@@ -3,6 +3,7 @@ stages left there and adding its own results; :mod:`jobs.nightly` runs them in o
 
 read → validate → diagnose → decide → evaluate → fit (or reuse) → apply → diagnose_output → gate → publish → index.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -229,22 +230,33 @@ def read(ctx: NightlyContext, info: dict) -> None:
     table.input_df, table.ref = read_table(ctx.spark, config.input)
     if table.ref.format != "delta":
         raise ConfigError(f"input: {config.input} is not a Delta table (the nightly job pins a Delta version)")
-    require_schema(table.input_df.columns, config.named_columns())      # every named column, before any pass
+    require_schema(table.input_df.columns, config.named_columns())  # every named column, before any pass
     rec.input.version = table.ref.version
     table.output_state = output_state(ctx.spark, config.output)
     current = rec.output.previous_version = table.output_state.version
     previous = ctx.previous
     problem = check_serving(ctx)
-    if previous and previous.get("input_path") == config.input and previous.get("input_version") == table.ref.version \
-            and previous.get("config_hash") == rec.config_hash:
+    if (
+        previous
+        and previous.get("input_path") == config.input
+        and previous.get("input_version") == table.ref.version
+        and previous.get("config_hash") == rec.config_hash
+    ):
         if problem is not None:
-            rec.reason = (f"not a no-op: output version {current} already holds input version {table.ref.version}, "
-                          f"but its artifact failed the check ({problem}): refit and republish")
+            rec.reason = (
+                f"not a no-op: output version {current} already holds input version {table.ref.version}, "
+                f"but its artifact failed the check ({problem}): refit and republish"
+            )
             log.warning("%s", rec.reason)
             return
-        rec.status, rec.mode, rec.reason = "noop", "noop", (
-            f"output version {current} already holds input version {table.ref.version} with this config "
-            f"(run {previous['run_id']}, transform {previous.get('transform_version')}, artifact verified)")
+        rec.status, rec.mode, rec.reason = (
+            "noop",
+            "noop",
+            (
+                f"output version {current} already holds input version {table.ref.version} with this config "
+                f"(run {previous['run_id']}, transform {previous.get('transform_version')}, artifact verified)"
+            ),
+        )
         rec.output.version = current
         ctx.finished = True
 
@@ -275,16 +287,27 @@ def validate_input(ctx: NightlyContext, info: dict) -> None:
     :func:`anisotropy_spark.io.validate`. With metadata or label columns that pass also draws the uniform sample
     of ``sample_size`` rows (with those columns) the artefact test runs on."""
     config, table = ctx.config, ctx.table
-    total = table.input_df.count()          # Delta answers from its file statistics; sizes the sample
-    files, planned = table_files(ctx.spark, table.input_df, table.ref.path, table.ref.format, config.vector_col,
-                                 total, config.vector_reader)
+    total = table.input_df.count()  # Delta answers from its file statistics; sizes the sample
+    files, planned = table_files(
+        ctx.spark, table.input_df, table.ref.path, table.ref.format, config.vector_col, total, config.vector_reader
+    )
     columns = sample_columns(config)
     drawn = RowSample(config.sample_size, total, columns=tuple(columns)) if columns or config.mixture_check else None
     table.files = files
     checked = table.checked = validate(
-        as_vector_array(table.input_df, config.vector_col), config.vector_col, config.id_col, config.dimension,
-        config.on_invalid, config.quarantine_path, run_id=ctx.record.run_id, input_version=table.ref.version,
-        with_moments=True, files=files, max_norm_ratio=config.max_norm_ratio, sample=drawn)
+        as_vector_array(table.input_df, config.vector_col),
+        config.vector_col,
+        config.id_col,
+        config.dimension,
+        config.on_invalid,
+        config.quarantine_path,
+        run_id=ctx.record.run_id,
+        input_version=table.ref.version,
+        with_moments=True,
+        files=files,
+        max_norm_ratio=config.max_norm_ratio,
+        sample=drawn,
+    )
     table.valid, table.moments = checked.valid, required(checked.moments, "validate: the moments pass gave none")
     info["rows"], info["reader"] = table.moments.n + checked.invalid_count, checked.reader if files else planned
     ctx.record.counts.update(invalid_rows=checked.invalid_count, invalid_by_reason=checked.invalid_by_reason)
@@ -304,29 +327,43 @@ def diagnose(ctx: NightlyContext, info: dict) -> None:
     rec.input_metrics = report.scalars()
     check_against_data(config, report.n, d, config.method)
     if drawn_columns or config.mixture_check:
-        (vectors, values), info["sample_source"] = drawn_or_sampled(table.checked.drawn, table.valid,
-                                                                    config.vector_col, d, drawn_columns,
-                                                                    config.sample_size, report.n)
+        (vectors, values), info["sample_source"] = drawn_or_sampled(
+            table.checked.drawn, table.valid, config.vector_col, d, drawn_columns, config.sample_size, report.n
+        )
         info["sample_rows"] = int(vectors.shape[0])
     if not labelled(config):
-        keep = np.sort(np.random.default_rng(config.seed).choice(
-            vectors.shape[0], size=min(config.neighbour_sample, vectors.shape[0]), replace=False))
+        keep = np.sort(
+            np.random.default_rng(config.seed).choice(
+                vectors.shape[0], size=min(config.neighbour_sample, vectors.shape[0]), replace=False
+            )
+        )
         table.overlap_rows = pa.array(values[config.id_col][keep]), vectors[keep]
     if columns:
-        findings.artefact = artefact_of_sample(vectors, values, report, config.metadata_cols, config.label_col,
-                                               config.artefact_directions, config.decision, config.seed)
+        findings.artefact = artefact_of_sample(
+            vectors,
+            values,
+            report,
+            config.metadata_cols,
+            config.label_col,
+            config.artefact_directions,
+            config.decision,
+            config.seed,
+        )
     rec.artefact = findings.artefact
     if config.mixture_check and vectors.shape[0] < 4 * config.cluster_k:
         rec.clusters = {"skipped": f"mixture check: {vectors.shape[0]} sampled rows < 4 · cluster_k"}
     elif config.mixture_check:
         try:
-            findings.sample_centroids, findings.clusters = mixture_check(vectors, config.cluster_k,
-                                                                         config.cluster_distance_measure, config.seed)
+            findings.sample_centroids, findings.clusters = mixture_check(
+                vectors, config.cluster_k, config.cluster_distance_measure, config.seed
+            )
         except ValueError as exc:
             rec.clusters = {"skipped": f"mixture check: {exc}"}
             return
-        rec.clusters = {"source": f"k-means of the {vectors.shape[0]}-row sample",
-                        **{key: findings.clusters[key] for key in ("locally_isotropic", "clusters", "mixture_null")}}
+        rec.clusters = {
+            "source": f"k-means of the {vectors.shape[0]}-row sample",
+            **{key: findings.clusters[key] for key in ("locally_isotropic", "clusters", "mixture_null")},
+        }
 
 
 def fit_cluster_candidate(ctx: NightlyContext, centroids: np.ndarray) -> None:
@@ -336,13 +373,22 @@ def fit_cluster_candidate(ctx: NightlyContext, centroids: np.ndarray) -> None:
     only).
     A sample cluster that no row of the table falls in leaves no candidate, recorded in ``clusters.candidate``."""
     config, findings = ctx.config, ctx.findings
-    states = cluster_moments_pass(as_vector_array(ctx.table.valid.select(config.vector_col), config.vector_col),
-                                  config.vector_col, findings.report.d, centroids, config.cluster_distance_measure)
+    states = cluster_moments_pass(
+        as_vector_array(ctx.table.valid.select(config.vector_col), config.vector_col),
+        config.vector_col,
+        findings.report.d,
+        centroids,
+        config.cluster_distance_measure,
+    )
     try:
-        findings.cluster_recenter = ClusterRecenter.from_moments(centroids, states, config.cluster_D,
-                                                                 config.cluster_distance_measure,
-                                                                 {"kmeans": "faiss, on the mixture check's sample"})
-    except ValueError as exc:                  # a sample cluster no row of the table falls in: no candidate
+        findings.cluster_recenter = ClusterRecenter.from_moments(
+            centroids,
+            states,
+            config.cluster_D,
+            config.cluster_distance_measure,
+            {"kmeans": "faiss, on the mixture check's sample"},
+        )
+    except ValueError as exc:  # a sample cluster no row of the table falls in: no candidate
         required(ctx.record.clusters, "the mixture check has not run")["candidate"] = f"not fitted: {exc}"
         return
     if ctx.fit.method == Method.CLUSTER_RECENTER and config.method == "auto":
@@ -353,17 +399,25 @@ def decide(ctx: NightlyContext, info: dict) -> None:
     """``method: auto`` applies the recommendation (or, with an ``evaluation:`` block, what the evaluation's
     intervals support: see :func:`evaluate`); an explicit method is applied, the recommendation recorded."""
     config, findings = ctx.config, ctx.findings
-    recommendation = findings.recommendation = recommend(findings.report, findings.clusters, findings.artefact,
-                                                         config.decision)
+    recommendation = findings.recommendation = recommend(
+        findings.report, findings.clusters, findings.artefact, config.decision
+    )
     ctx.fit.method = recommendation.method if config.method == "auto" else config.method
     ctx.record.recommendation = recommendation
     for warning in recommendation.warnings:
         log.warning("decision: %s", warning)
-    log.info("decision: recommend %s (%s); applying %s", recommendation.method,
-             "; ".join(recommendation.reasons), ctx.fit.method)
+    log.info(
+        "decision: recommend %s (%s); applying %s",
+        recommendation.method,
+        "; ".join(recommendation.reasons),
+        ctx.fit.method,
+    )
     check_against_data(config, findings.report.n, findings.report.d, ctx.fit.method)
-    if recommendation.method == Method.CLUSTER_RECENTER and findings.sample_centroids is not None \
-            and config.method == "auto":
+    if (
+        recommendation.method == Method.CLUSTER_RECENTER
+        and findings.sample_centroids is not None
+        and config.method == "auto"
+    ):
         fit_cluster_candidate(ctx, findings.sample_centroids)
 
 
@@ -381,14 +435,29 @@ def evaluate(ctx: NightlyContext, info: dict) -> None:
         return
     previous, d = ctx.previous, findings.report.d
     serving = rec.serving_artifact
-    baseline = previous if serving is None or serving.verified else None     # a corrupt one is no baseline
+    baseline = previous if serving is None or serving.verified else None  # a corrupt one is no baseline
     published = baseline is not None
-    published_transform = load_artifact(baseline["artifact"], expected_dimension=d).transform \
-        if baseline is not None and baseline.get("artifact") else None
+    published_transform = (
+        load_artifact(baseline["artifact"], expected_dimension=d).transform
+        if baseline is not None and baseline.get("artifact")
+        else None
+    )
     record, fitted, grid = evaluation.run_evaluation(
-        ctx.spark, ctx.table.valid, config.vector_col, config.id_col, d, ctx.table.moments, findings.recommendation,
-        settings, config.decision, findings.cluster_recenter, published, published_transform,
-        overlap_sample(config), config.min_neighbour_overlap)
+        ctx.spark,
+        ctx.table.valid,
+        config.vector_col,
+        config.id_col,
+        d,
+        ctx.table.moments,
+        findings.recommendation,
+        settings,
+        config.decision,
+        findings.cluster_recenter,
+        published,
+        published_transform,
+        overlap_sample(config),
+        config.min_neighbour_overlap,
+    )
     findings.evaluation = rec.evaluation = record
     info["rows"] = record["queries"] or record["pairs"] or 0
     state.chosen, state.chosen_transform = record["chosen"], fitted[record["chosen"]]
@@ -400,16 +469,16 @@ def evaluate(ctx: NightlyContext, info: dict) -> None:
     if state.chosen == PUBLISHED:
         previous = ctx.last_publish
         state.method = previous.get("method") or Method.NONE
-        state.chosen_params = load_artifact(previous["artifact"]).manifest["params"] if previous.get("artifact") \
-            else {}
+        state.chosen_params = load_artifact(previous["artifact"]).manifest["params"] if previous.get("artifact") else {}
         if previous.get("input_path") == config.input and previous.get("input_version") == ctx.table.ref.version:
             rec.status, rec.mode = "kept", "kept"
             rec.output.version = ctx.table.output_state.version
             ctx.finished = True
         return
     candidate = next(c for c in grid if c.name == state.chosen)
-    state.method, state.chosen_params = candidate_fit(candidate.family, state.chosen_transform,
-                                                      list(candidate.directions), config, findings.recommendation)
+    state.method, state.chosen_params = candidate_fit(
+        candidate.family, state.chosen_transform, list(candidate.directions), config, findings.recommendation
+    )
 
 
 def sample_columns(config: NightlyConfig) -> list[str]:
@@ -443,8 +512,11 @@ def fit(ctx: NightlyContext, info: dict) -> None:
     config, table, state = ctx.config, ctx.table, ctx.fit
     method, recommendation, report = state.method, ctx.findings.recommendation, ctx.findings.report
     metrics = required(ctx.record.input_metrics, "the diagnose stage has not run")
-    params = required(state.chosen_params, "the evaluate stage chose no parameters") if state.chosen is not None \
+    params = (
+        required(state.chosen_params, "the evaluate stage chose no parameters")
+        if state.chosen is not None
         else fit_params(config, method, recommendation)
+    )
     artifact_path, why = None, "method none: vectors published unchanged"
     if state.chosen == PUBLISHED and method != Method.NONE:
         artifact_path = ctx.last_publish["artifact"]
@@ -455,16 +527,25 @@ def fit(ctx: NightlyContext, info: dict) -> None:
         if reused is not None:
             state.model, artifact_path = model_from(reused, config), ctx.last_publish["artifact"]
         else:
-            state.model = model_of(state.chosen_transform, report.n, config, table.ref) \
-                if state.chosen_transform is not None \
+            state.model = (
+                model_of(state.chosen_transform, report.n, config, table.ref)
+                if state.chosen_transform is not None
                 else fit_model(config, method, params, table.valid, table.ref, table.moments)
+            )
             artifact_path = save_fit(config, state.model, method, params, metrics)
             state.refitted = True
     state.transform_version = state.model.transform_version if state.model is not None else "none"
     state.d_out = state.model.transform_.d_out if state.model is not None else report.d
-    ctx.record.applied = Applied(method=method, params=params, transform_version=state.transform_version,
-                                 artifact=artifact_path, refitted=state.refitted, fit_reason=why,
-                                 candidate=state.chosen, follows_recommendation=method == recommendation.method)
+    ctx.record.applied = Applied(
+        method=method,
+        params=params,
+        transform_version=state.transform_version,
+        artifact=artifact_path,
+        refitted=state.refitted,
+        fit_reason=why,
+        candidate=state.chosen,
+        follows_recommendation=method == recommendation.method,
+    )
     log.info("fit: %s %s (%s)", "refitted" if state.refitted else "reused", state.transform_version, why)
 
 
@@ -479,8 +560,11 @@ def full_rebuild_reason(ctx: NightlyContext) -> str | None:
         return "no previous publish"
     if ctx.fit.refitted:
         return "the transform was refitted"
-    if (previous.get("transform_version"), previous.get("input_path"), previous.get("config_hash")) != \
-            (ctx.fit.transform_version, config.input, ctx.record.config_hash):
+    if (previous.get("transform_version"), previous.get("input_path"), previous.get("config_hash")) != (
+        ctx.fit.transform_version,
+        config.input,
+        ctx.record.config_hash,
+    ):
         return "transform, input path or config changed since the last publish"
     before = previous.get("input_version")
     pinned = required(table.ref.version, "read: the input has no Delta version")
@@ -559,8 +643,9 @@ def appended_files(ctx: NightlyContext, files: TableFiles) -> TableFiles:
     config = ctx.config
     before, _ = read_table(ctx.spark, config.input, ctx.last_publish["input_version"])
     known = set(before.inputFiles())
-    return dataclasses.replace(files, uris=tuple(uri for uri in files.uris if uri not in known),
-                               rows=files.rows - before.count())
+    return dataclasses.replace(
+        files, uris=tuple(uri for uri in files.uris if uri not in known), rows=files.rows - before.count()
+    )
 
 
 def diagnose_output(ctx: NightlyContext, info: dict) -> None:
@@ -602,8 +687,11 @@ def output_pass(ctx: NightlyContext, info: dict) -> None:
     config, table, out, model = ctx.config, ctx.table, ctx.output, ctx.fit.model
     transform = model.transform_ if model is not None else None
     files = out.appended if out.appended is not None else table.files
-    source = table.input_df if out.appended is None else \
-        ctx.spark.read.schema(table.input_df.schema).parquet(*out.appended.uris)
+    source = (
+        table.input_df
+        if out.appended is None
+        else ctx.spark.read.schema(table.input_df.schema).parquet(*out.appended.uris)
+    )
     vectors = as_vector_array(source, config.vector_col)
     element = output_element_type(config.output_dtype, vector_element_type(vectors, config.vector_col))
     duplicates = table.checked.duplicates
@@ -611,13 +699,20 @@ def output_pass(ctx: NightlyContext, info: dict) -> None:
     if table.overlap_rows is not None and transform is not None and out.appended is None:
         query_ids, raw_queries = table.overlap_rows
         overlap = OverlapQueries.of(raw_queries, transform, config.neighbour_k)
-    spec = OutputPass(config.vector_col, config.id_col, table.checked.dimension, transform, numpy_dtype(element),
-                      table.checked.max_norm,
-                      duplicates.ids.toArrow().column(0).combine_chunks() if duplicates and duplicates.tally.total
-                      else None, overlap, query_ids)
+    spec = OutputPass(
+        config.vector_col,
+        config.id_col,
+        table.checked.dimension,
+        transform,
+        numpy_dtype(element),
+        table.checked.max_norm,
+        duplicates.ids.toArrow().column(0).combine_chunks() if duplicates and duplicates.tally.total else None,
+        overlap,
+        query_ids,
+    )
     facts, out.reader = output_facts(vectors, files, spec)
     info["reader"] = out.reader
-    if out.previous is not None:                   # an incremental night: the last publish's rows and these
+    if out.previous is not None:  # an incremental night: the last publish's rows and these
         sums = required(out.previous.output_sums, "the last publish's record holds no output sums")
         facts = facts.merge(OutputFacts(sums.rows, np.asarray(sums.sum_unit), sums.sum_norm))
         ctx.record.counts.rows_written = facts.rows - sums.rows
@@ -666,10 +761,12 @@ def gate_output(ctx: NightlyContext, info: dict) -> None:
         raise GateError(problems)
     if rec.evidence == "label_free":
         overlap = required(rec.neighbour_overlap, "the neighbour gate recorded no overlap")
-        unverified = (f"unverified: {ctx.fit.method} applied without labelled evidence (no evaluation queries or "
-                      f"pairs: the recommendation alone); neighbour overlap {overlap.mean:.3f} >= "
-                      f"min_neighbour_overlap {overlap.min:g}")
-        earlier = rec.reason            # e.g. why a night that looked like a no-op was not one
+        unverified = (
+            f"unverified: {ctx.fit.method} applied without labelled evidence (no evaluation queries or "
+            f"pairs: the recommendation alone); neighbour overlap {overlap.mean:.3f} >= "
+            f"min_neighbour_overlap {overlap.min:g}"
+        )
+        earlier = rec.reason  # e.g. why a night that looked like a no-op was not one
         rec.reason = f"{earlier}; {unverified}" if earlier else unverified
     elif ctx.findings.evaluation is not None:
         evaluated = required(rec.evaluation, "the evaluate stage recorded no evaluation")
@@ -684,12 +781,24 @@ def quality_gate(ctx: NightlyContext, settings: EvaluationConfig) -> list[str]:
     ``evaluation`` with its ``gate``; returns the problem (empty when it passes)."""
     config = ctx.config
     model = required(ctx.fit.model, f"method {ctx.fit.method}: the fit stage fitted no model")
-    scored = evaluation.score_applied(ctx.spark, ctx.table.valid, config.vector_col, config.id_col,
-                                      ctx.findings.report.d, model.transform_, settings, overlap_sample(config))
+    scored = evaluation.score_applied(
+        ctx.spark,
+        ctx.table.valid,
+        config.vector_col,
+        config.id_col,
+        ctx.findings.report.d,
+        model.transform_,
+        settings,
+        overlap_sample(config),
+    )
     ctx.output.neighbour_overlap = scored["neighbour_overlap"]
     passes, reason = refuse_explicit(scored["intervals"]["applied"], settings.max_quality_drop)
-    ctx.record.evaluation = {"evidence": "labelled", "metric": settings.selection_metric(), **scored,
-                             "gate": {"candidate": "applied", "passes": passes, "reason": reason}}
+    ctx.record.evaluation = {
+        "evidence": "labelled",
+        "metric": settings.selection_metric(),
+        **scored,
+        "gate": {"candidate": "applied", "passes": passes, "reason": reason},
+    }
     return [] if passes else [reason]
 
 
@@ -702,27 +811,38 @@ def neighbour_gate(ctx: NightlyContext) -> list[str]:
     config, out, previous = ctx.config, ctx.output, ctx.output.previous
     carried = previous.neighbour_overlap if previous is not None else None
     if out.neighbour_overlap is None and previous is not None and carried is not None:
-        ctx.record.neighbour_overlap = dataclasses.replace(carried, min=config.min_neighbour_overlap,
-                                                           passes=carried.mean >= config.min_neighbour_overlap,
-                                                           carried_from=carried.carried_from or previous.run_id)
+        ctx.record.neighbour_overlap = dataclasses.replace(
+            carried,
+            min=config.min_neighbour_overlap,
+            passes=carried.mean >= config.min_neighbour_overlap,
+            carried_from=carried.carried_from or previous.run_id,
+        )
         out.neighbour_overlap = carried.mean
         return [] if ctx.record.neighbour_overlap.passes else [overlap_problem(config, carried.mean)]
     if out.neighbour_overlap is None:
         out.neighbour_overlap = evaluation.neighbour_check(
-            ctx.table.valid, config.vector_col, config.id_col, ctx.findings.report.d,
-            ctx.fit.model.transform_ if ctx.fit.model is not None else None, overlap_sample(config))
+            ctx.table.valid,
+            config.vector_col,
+            config.id_col,
+            ctx.findings.report.d,
+            ctx.fit.model.transform_ if ctx.fit.model is not None else None,
+            overlap_sample(config),
+        )
     value = out.neighbour_overlap
     passes = value >= config.min_neighbour_overlap
     rows = out.overlap_queries or config.neighbour_sample
-    ctx.record.neighbour_overlap = NeighbourOverlap(mean=value, k=config.neighbour_k, rows=rows,
-                                                    min=config.min_neighbour_overlap, passes=passes)
+    ctx.record.neighbour_overlap = NeighbourOverlap(
+        mean=value, k=config.neighbour_k, rows=rows, min=config.min_neighbour_overlap, passes=passes
+    )
     return [] if passes else [overlap_problem(config, value)]
 
 
 def overlap_problem(config: NightlyConfig, value: float) -> str:
     """The neighbour gate's refusal of a mean overlap ``value``."""
-    return (f"neighbour overlap {value:.3f} < min_neighbour_overlap {config.min_neighbour_overlap:g}: the correction "
-            f"keeps {value:.0%} of each sampled row's raw top-{config.neighbour_k} neighbours")
+    return (
+        f"neighbour overlap {value:.3f} < min_neighbour_overlap {config.min_neighbour_overlap:g}: the correction "
+        f"keeps {value:.0%} of each sampled row's raw top-{config.neighbour_k} neighbours"
+    )
 
 
 def reject_fit(ctx: NightlyContext, reason: str) -> None:
@@ -744,9 +864,17 @@ def publish_output(ctx: NightlyContext, info: dict) -> None:
     :func:`written_rows`, written as at most ``output_files`` data files (:mod:`anisotropy_spark.output_files`;
     ``counts.output_files``)."""
     config, rec, out, current = ctx.config, ctx.record, ctx.output, ctx.table.output_state
-    meta = {"run_id": rec.run_id, "input_path": config.input, "input_version": ctx.table.ref.version,
-            "transform_version": ctx.fit.transform_version, "artifact": ctx.applied.artifact, "method": ctx.fit.method,
-            "config_hash": rec.config_hash, "seq": current.next_seq, "mode": rec.mode}
+    meta = {
+        "run_id": rec.run_id,
+        "input_path": config.input,
+        "input_version": ctx.table.ref.version,
+        "transform_version": ctx.fit.transform_version,
+        "artifact": ctx.applied.artifact,
+        "method": ctx.fit.method,
+        "config_hash": rec.config_hash,
+        "seq": current.next_seq,
+        "mode": rec.mode,
+    }
     target = PublishTarget(config.output, config.id_col, config.app_id)
     candidate = out.candidate
     if out.new_rows is None:
@@ -770,8 +898,11 @@ def written_rows(ctx: NightlyContext, appended: TableFiles | None = None) -> Dat
     model = ctx.fit.model.copy().setHandleInvalid("keep").setIdCol(config.id_col).setMaxNorm(table.checked.max_norm)
     model.setOutputDtype(config.output_dtype)
     files = appended if appended is not None else table.files if ctx.output.reader == "pyarrow" else None
-    rows = model.transform_files(ctx.spark, files) if files is not None \
+    rows = (
+        model.transform_files(ctx.spark, files)
+        if files is not None
         else model.transform(as_vector_array(table.input_df, config.vector_col))
+    )
     rows = rows.where(F.col(REASON_COLUMN).isNull()).drop(REASON_COLUMN)
     if table.checked.duplicates is not None:
         rows = table.checked.duplicates.drop_from(rows)
@@ -788,15 +919,34 @@ def build_index(ctx: NightlyContext, info: dict) -> None:
     config, rec = ctx.config, ctx.record
     if config.index is None or rec.status != "published":
         return
-    settings = dataclasses.replace(config.index, vector_col=config.out_col, id_col=config.id_col,
-                                   queries=config.index.queries or LabelledQueries.of_evaluation(config.evaluation))
-    rec.index = index_stage(ctx.spark, settings, config.output, rec.output.version, ctx.applied.artifact,
-                            raw_table=(config.input, ctx.table.ref.version))
+    settings = dataclasses.replace(
+        config.index,
+        vector_col=config.out_col,
+        id_col=config.id_col,
+        queries=config.index.queries or LabelledQueries.of_evaluation(config.evaluation),
+    )
+    rec.index = index_stage(
+        ctx.spark,
+        settings,
+        config.output,
+        rec.output.version,
+        ctx.applied.artifact,
+        raw_table=(config.input, ctx.table.ref.version),
+    )
     info["rows"] = rec.counts.output_rows or 0
     (log.info if rec.index["status"] == "published" else log.warning)("index: %s", rec.index.get("reason", ""))
 
 
-STAGES = (("read", read), ("validate", validate_input), ("diagnose", diagnose), ("decide", decide),
-          ("evaluate", evaluate), ("fit", fit),
-          ("apply", apply), ("diagnose_output", diagnose_output), ("gate", gate_output), ("publish", publish_output),
-          ("index", build_index))
+STAGES = (
+    ("read", read),
+    ("validate", validate_input),
+    ("diagnose", diagnose),
+    ("decide", decide),
+    ("evaluate", evaluate),
+    ("fit", fit),
+    ("apply", apply),
+    ("diagnose_output", diagnose_output),
+    ("gate", gate_output),
+    ("publish", publish_output),
+    ("index", build_index),
+)

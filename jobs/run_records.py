@@ -12,6 +12,7 @@ than ``stale_run_hours`` ago), in both places.
 A record is a :class:`RunRecord`, filled in stage by stage; :meth:`RunRecord.to_json` is its one serialisation
 (:func:`write_records` writes it) and :meth:`RunRecord.from_json` reads one back.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,11 +40,13 @@ from jobs.nightly_config import NightlyConfig, nightly_config_hash
 
 log = logging.getLogger("anisotropy.nightly")
 
-RUNS_SCHEMA = ("run_id string, started_at timestamp, finished_at timestamp, status string, mode string, "
-               "reason string, input_path string, input_version long, output_path string, output_version long, "
-               "method_recommended string, method_applied string, transform_version string, evaluation string, "
-               "record string")
-WRITE_ATTEMPTS = 5      # concurrent runs' upserts of the runs_table conflict; each retry re-reads the table
+RUNS_SCHEMA = (
+    "run_id string, started_at timestamp, finished_at timestamp, status string, mode string, "
+    "reason string, input_path string, input_version long, output_path string, output_version long, "
+    "method_recommended string, method_applied string, transform_version string, evaluation string, "
+    "record string"
+)
+WRITE_ATTEMPTS = 5  # concurrent runs' upserts of the runs_table conflict; each retry re-reads the table
 STARTED, KILLED = "started", "killed"
 
 
@@ -210,16 +213,30 @@ class RunRecord:
         return cls(**fields)
 
 
-NESTED = {"input": InputVersion, "output": OutputVersions, "counts": Counts, "serving_artifact": ServingArtifact,
-          "recommendation": Recommendation, "applied": Applied, "neighbour_overlap": NeighbourOverlap, "output_sums": OutputSums}
+NESTED = {
+    "input": InputVersion,
+    "output": OutputVersions,
+    "counts": Counts,
+    "serving_artifact": ServingArtifact,
+    "recommendation": Recommendation,
+    "applied": Applied,
+    "neighbour_overlap": NeighbourOverlap,
+    "output_sums": OutputSums,
+}
 
 
 def new_record(config: NightlyConfig) -> RunRecord:
     """The record of a run that is starting (status ``started``; ``host`` and ``pid`` of this process, by which a
     later run tells whether it is still alive)."""
-    return RunRecord(run_id=uuid.uuid4().hex, started_at=now(), host=socket.gethostname(), pid=os.getpid(),
-                     config_hash=nightly_config_hash(config), input=InputVersion(config.input),
-                     output=OutputVersions(config.output))
+    return RunRecord(
+        run_id=uuid.uuid4().hex,
+        started_at=now(),
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        config_hash=nightly_config_hash(config),
+        input=InputVersion(config.input),
+        output=OutputVersions(config.output),
+    )
 
 
 def json_safe(value: Any) -> Any:
@@ -269,9 +286,15 @@ def dead_runs(config: NightlyConfig, current: RunRecord) -> list[RunRecord]:
             continue
         why = why_dead(rec, current.host, moment, config.stale_run_hours)
         if why is not None:
-            found.append(dataclasses.replace(
-                rec, status=KILLED, finished_at=now(), found_by=current.run_id,
-                reason=f"no final record: {why}; marked killed by run {current.run_id}"))
+            found.append(
+                dataclasses.replace(
+                    rec,
+                    status=KILLED,
+                    finished_at=now(),
+                    found_by=current.run_id,
+                    reason=f"no final record: {why}; marked killed by run {current.run_id}",
+                )
+            )
     return found
 
 
@@ -291,7 +314,7 @@ def process_exists(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:        # exists, owned by another user
+    except PermissionError:  # exists, owned by another user
         return True
     return True
 
@@ -300,11 +323,23 @@ def runs_row(rec: dict, text: str) -> tuple:
     """The ``runs_table`` row (:data:`RUNS_SCHEMA`) of a record's :meth:`RunRecord.to_json` ``rec``, written as
     ``text``."""
     stamp = datetime.datetime.fromisoformat
-    return (rec["run_id"], stamp(rec["started_at"]), rec["finished_at"] and stamp(rec["finished_at"]), rec["status"],
-            rec["mode"], rec["reason"], rec["input"]["path"], rec["input"]["version"], rec["output"]["path"],
-            rec["output"].get("version"), (rec["recommendation"] or {}).get("method"),
-            (rec["applied"] or {}).get("method"), (rec["applied"] or {}).get("transform_version"),
-            json.dumps(rec["evaluation"], sort_keys=True) if rec.get("evaluation") else None, text)
+    return (
+        rec["run_id"],
+        stamp(rec["started_at"]),
+        rec["finished_at"] and stamp(rec["finished_at"]),
+        rec["status"],
+        rec["mode"],
+        rec["reason"],
+        rec["input"]["path"],
+        rec["input"]["version"],
+        rec["output"]["path"],
+        rec["output"].get("version"),
+        (rec["recommendation"] or {}).get("method"),
+        (rec["applied"] or {}).get("method"),
+        (rec["applied"] or {}).get("transform_version"),
+        json.dumps(rec["evaluation"], sort_keys=True) if rec.get("evaluation") else None,
+        text,
+    )
 
 
 def read_record(config: NightlyConfig, run_id: str) -> RunRecord | None:
@@ -344,8 +379,14 @@ def upsert_runs(spark: SparkSession, path: str, rows: list[tuple]) -> None:
         source.write.format("delta").mode("append").option("mergeSchema", "true").save(path)
         return
     with session_conf(spark, {"spark.databricks.delta.schema.autoMerge.enabled": "true"}):
-        (DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), "t.run_id = s.run_id")
-         .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+        (
+            DeltaTable.forPath(spark, path)
+            .alias("t")
+            .merge(source.alias("s"), "t.run_id = s.run_id")
+            .whenMatchedUpdateAll()
+            .whenNotMatchedInsertAll()
+            .execute()
+        )
 
 
 def applied_summary(rec: RunRecord) -> dict:
@@ -356,17 +397,29 @@ def applied_summary(rec: RunRecord) -> dict:
     applied, evaluation = rec.applied, rec.evaluation or {}
     metric, chosen = evaluation.get("metric"), evaluation.get("chosen") or ("applied" if evaluation else None)
     delta = ((evaluation.get("intervals") or {}).get(chosen) or {}).get("delta_vs_raw") or {}
-    return {"status": rec.status, "method": applied and applied.method,
-            "candidate": (applied and applied.candidate) or chosen, "params": applied and applied.params,
-            "evidence": rec.evidence, "metric": metric, "delta_vs_raw": delta.get(metric),
-            "neighbour_overlap": rec.neighbour_overlap and rec.neighbour_overlap.mean, "reason": rec.reason}
+    return {
+        "status": rec.status,
+        "method": applied and applied.method,
+        "candidate": (applied and applied.candidate) or chosen,
+        "params": applied and applied.params,
+        "evidence": rec.evidence,
+        "metric": metric,
+        "delta_vs_raw": delta.get(metric),
+        "neighbour_overlap": rec.neighbour_overlap and rec.neighbour_overlap.mean,
+        "reason": rec.reason,
+    }
 
 
 def applied_text(summary: dict) -> str:
     """One line: what was applied, its Δ ± interval against raw and its neighbour overlap (or "unverified")."""
     delta = summary["delta_vs_raw"]
-    evidence = (f"Δ {summary['metric']} vs raw {delta['mean']:+.4f} [95 % CI {delta['low']:+.4f}, {delta['high']:+.4f}] "
-                "on held-out queries" if delta else "unverified: no labelled queries or pairs")
+    evidence = (
+        f"Δ {summary['metric']} vs raw {delta['mean']:+.4f} [95 % CI {delta['low']:+.4f}, {delta['high']:+.4f}] "
+        "on held-out queries"
+        if delta
+        else "unverified: no labelled queries or pairs"
+    )
     overlap = summary["neighbour_overlap"]
-    return (f"applied {summary['candidate'] or summary['method']} (method {summary['method']}): {evidence}"
-            + (f"; neighbour overlap {overlap:.3f}" if overlap is not None else ""))
+    return f"applied {summary['candidate'] or summary['method']} (method {summary['method']}): {evidence}" + (
+        f"; neighbour overlap {overlap:.3f}" if overlap is not None else ""
+    )

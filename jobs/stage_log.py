@@ -3,6 +3,7 @@
 Progress of long Spark stages is Spark's own console progress bar, switched on by
 :func:`anisotropy_spark.session.get_spark` only when the terminal is interactive.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -19,6 +19,7 @@ a change of the output (:func:`anisotropy_spark.publish.output_state`), but a ni
 commits loses its publish (exit 4; the next night publishes). Prints one JSON summary per table: the files and
 bytes Delta deleted (from those commits' metrics).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,7 +42,7 @@ from jobs.config import ConfigError, parse_args
 from jobs.nightly_config import NightlyConfig
 
 log = logging.getLogger("anisotropy.vacuum")
-DEFAULT_RETENTION_HOURS = 168.0         # Delta's default delta.deletedFileRetentionDuration (7 days)
+DEFAULT_RETENTION_HOURS = 168.0  # Delta's default delta.deletedFileRetentionDuration (7 days)
 RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
 
 
@@ -56,7 +57,8 @@ def check_retention(retain_hours: float | None, allow_short: bool) -> None:
             f"--retain-hours {retain_hours:g} is below Delta's default retention of {DEFAULT_RETENTION_HOURS:g} h: it "
             "would delete data files a run in progress has written but not committed yet (corrupting its commit) and "
             "the files of versions readers, incremental runs and --rollback-to still use; pass "
-            "--allow-short-retention only when no job writes or reads these tables")
+            "--allow-short-retention only when no job writes or reads these tables"
+        )
 
 
 def vacuum_table(spark: SparkSession, path: str, retain_hours: float | None, allow_short: bool) -> dict:
@@ -69,20 +71,28 @@ def vacuum_table(spark: SparkSession, path: str, retain_hours: float | None, all
     try:
         with session_conf(spark, settings):
             table.vacuum(retain_hours)
-    except IllegalArgumentException as exc:   # Delta's retention check: shorter than the table's own retention
-        raise ConfigError(f"{path}: Delta refused --retain-hours {retain_hours:g}: "
-                          f"{str(exc).strip().splitlines()[0]}") from None
-    metrics = {r["operation"]: r["operationMetrics"] or {}
-               for r in table.history(2).select("operation", "operationMetrics").collect()}
+    except IllegalArgumentException as exc:  # Delta's retention check: shorter than the table's own retention
+        raise ConfigError(
+            f"{path}: Delta refused --retain-hours {retain_hours:g}: {str(exc).strip().splitlines()[0]}"
+        ) from None
+    metrics = {
+        r["operation"]: r["operationMetrics"] or {}
+        for r in table.history(2).select("operation", "operationMetrics").collect()
+    }
     deleted = metrics.get("VACUUM END", {}).get("numDeletedFiles")
     size = metrics.get("VACUUM START", {}).get("sizeOfDataToDelete")
-    return {"path": path, "status": "vacuumed", "retain_hours": retain_hours,
-            "files_deleted": None if deleted is None else int(deleted),
-            "bytes_deleted": None if size is None else int(size)}
+    return {
+        "path": path,
+        "status": "vacuumed",
+        "retain_hours": retain_hours,
+        "files_deleted": None if deleted is None else int(deleted),
+        "bytes_deleted": None if size is None else int(size),
+    }
 
 
-def run_vacuum(spark: SparkSession, config: NightlyConfig, retain_hours: float | None,
-               allow_short: bool = False) -> list[dict]:
+def run_vacuum(
+    spark: SparkSession, config: NightlyConfig, retain_hours: float | None, allow_short: bool = False
+) -> list[dict]:
     """:func:`vacuum_table` of the nightly's output, quarantine and runs tables (those configured)."""
     check_retention(retain_hours, allow_short)
     paths = [p for p in (config.output, config.quarantine_path, config.runs_table) if p]
@@ -92,12 +102,21 @@ def run_vacuum(spark: SparkSession, config: NightlyConfig, retain_hours: float |
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     flags = argparse.ArgumentParser(add_help=False)
-    flags.add_argument("--retain-hours", type=float, default=None, metavar="H",
-                       help="keep unreferenced files younger than H hours (default: each table's own retention, 168)")
-    flags.add_argument("--allow-short-retention", action="store_true",
-                       help=f"allow --retain-hours below {DEFAULT_RETENTION_HOURS:g} (no job may use the tables)")
-    config, args = parse_args(NightlyConfig, argv, "VACUUM the nightly's Delta tables (output, quarantine, runs)",
-                              flags)
+    flags.add_argument(
+        "--retain-hours",
+        type=float,
+        default=None,
+        metavar="H",
+        help="keep unreferenced files younger than H hours (default: each table's own retention, 168)",
+    )
+    flags.add_argument(
+        "--allow-short-retention",
+        action="store_true",
+        help=f"allow --retain-hours below {DEFAULT_RETENTION_HOURS:g} (no job may use the tables)",
+    )
+    config, args = parse_args(
+        NightlyConfig, argv, "VACUUM the nightly's Delta tables (output, quarantine, runs)", flags
+    )
     check_retention(args.retain_hours, args.allow_short_retention)
     spark = get_spark("anisotropy-vacuum", master=config.master)
     for summary in run_vacuum(spark, config, args.retain_hours, args.allow_short_retention):

@@ -3,6 +3,7 @@ as ``jobs/index.py``). Production code has no fault hooks; ``KILL_AT`` chooses w
 process: ``merge`` — when the driver starts merging the shards the Spark tasks wrote; ``ondisk_merge`` — when
 faiss's on-disk merge (run with ``merge_memory_mb: 0``) has written the ``.ivfdata`` in its workspace; ``pointer`` — when the new
 version is written and read back and ``CURRENT`` is about to be replaced."""
+
 import os
 import signal
 import sys
@@ -25,8 +26,9 @@ def killing_merge(trained, shards):
 
 def killing_ondisk_merge(merge):
     def run(trained, shard_files, ivfdata):
-        merge(trained, shard_files, ivfdata)     # the .ivfdata is written in the workspace, then the kill
+        merge(trained, shard_files, ivfdata)  # the .ivfdata is written in the workspace, then the kill
         kill()
+
     return run
 
 
@@ -35,6 +37,7 @@ def killing_pointer(write):
         if os.path.basename(path) == core.CURRENT:
             kill()
         write(path, payload)
+
     return run
 
 

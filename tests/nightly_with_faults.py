@@ -7,6 +7,7 @@ its write, in the ``diagnose_output`` stage, read through Spark's scan here) wri
 (Spark must retry it; since issue 46 the gate reads no rows: it decides on that pass's facts); ``FAIL_AFTER_STAGE=NAME`` — ``os._exit(137)`` right after stage NAME (a kill);
 ``PUBLISH_BARRIER=DIR:N`` — wait before publishing until N runs have reached that point (forces a race).
 """
+
 import logging
 import os
 import sys
@@ -48,6 +49,7 @@ def failing_output_pass(stage, marker_dir):
             stage(ctx, info)
         finally:
             table.input_df, table.files = source, files
+
     return run
 
 
@@ -57,6 +59,7 @@ def killed_after(stage, name):
         logging.getLogger("anisotropy.nightly").error("FAIL_AFTER_STAGE=%s: simulating a kill (exit 137)", name)
         logging.shutdown()
         os._exit(137)
+
     return run
 
 
@@ -70,6 +73,7 @@ def behind_barrier(stage, spec):
         while len(os.listdir(folder)) < int(count) and time.time() < deadline:
             time.sleep(0.2)
         stage(ctx, info)
+
     return run
 
 

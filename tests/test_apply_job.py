@@ -1,4 +1,5 @@
 """Fit + apply jobs end to end on Delta: values, versions, atomicity under failure, idempotence, diagnosis."""
+
 import dataclasses
 import json
 import math
@@ -29,9 +30,9 @@ from jobs.fit import FitConfig, run_fit
 from jobs.fit import main as fit_main
 
 N, D = 600, 16
-MARKER = 1000.0   # first coordinate of the appended rows that make the injected transform fail
+MARKER = 1000.0  # first coordinate of the appended rows that make the injected transform fail
 
-cloudpickle.register_pickle_by_value(sys.modules[__name__])   # FailingCenter must reach the workers
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # FailingCenter must reach the workers
 
 
 class FailingCenter(Center):
@@ -47,8 +48,13 @@ class FailingCenter(Center):
 
 def write_table(spark, path, matrix, start=0, mode="overwrite"):
     rows = [(start + i, f"doc{start + i}", len(row) + i % 7, [float(v) for v in row]) for i, row in enumerate(matrix)]
-    (spark.createDataFrame(rows, "id long, title string, token_count int, vector array<double>")
-     .repartition(3).write.format("delta").mode(mode).save(path))
+    (
+        spark.createDataFrame(rows, "id long, title string, token_count int, vector array<double>")
+        .repartition(3)
+        .write.format("delta")
+        .mode(mode)
+        .save(path)
+    )
 
 
 def cone_corpus(spark, root, n, d, seed):
@@ -64,8 +70,7 @@ def corpus(spark, tmp_path_factory):
 
 
 def fitted(spark, root, method, **params):
-    config = FitConfig(input=str(root / "corpus"), artifact=str(root / f"{method}-artifact"), method=method,
-                       **params)
+    config = FitConfig(input=str(root / "corpus"), artifact=str(root / f"{method}-artifact"), method=method, **params)
     return run_fit(spark, config), config.artifact
 
 
@@ -92,32 +97,45 @@ def test_abtt_fit_apply_idempotent_and_diagnosed(spark, corpus, capsys):
 
     before = diagnose_dataframe(spark.read.format("delta").load(config.input), "vector", D)
     after = diagnose_dataframe(out, "vector", D)
-    floor = -1.0 / (N - 1)                                   # A of a centred cloud with equal norms
+    floor = -1.0 / (N - 1)  # A of a centred cloud with equal norms
     assert before["anisotropy_A"] > 0.8
     assert floor <= after["anisotropy_A"] < floor + 1e-4
-    removed = manifest["params"]["D"]                                       # the top-D directions removed
+    removed = manifest["params"]["D"]  # the top-D directions removed
     assert after["spectrum"][-1] < 1e-20 * before["spectrum"][0] + 1e-12
-    assert np.allclose(after["spectrum"][:D - removed], before["spectrum"][removed:], rtol=1e-9)
+    assert np.allclose(after["spectrum"][: D - removed], before["spectrum"][removed:], rtol=1e-9)
 
-    again = run_apply(spark, config)                        # same input version + transform: skipped
+    again = run_apply(spark, config)  # same input version + transform: skipped
     assert again["status"] == "skipped" and latest_commit(spark, config.output)[0] == 0
-    assert apply_main(["--conf", "conf/apply.yaml"] + cli_args(                     # the CLI, same decision
-        input=config.input, artifact=artifact, output=config.output, on_invalid="error")) == 0
+    assert (
+        apply_main(
+            ["--conf", "conf/apply.yaml"]
+            + cli_args(  # the CLI, same decision
+                input=config.input, artifact=artifact, output=config.output, on_invalid="error"
+            )
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["status"] == "skipped"
     forced = run_apply(spark, dataclasses.replace(config, force=True))
     assert forced["output_version"] == 1
-    assert spark.read.format("delta").load(config.output).count() == N     # overwrite: never duplicated
+    assert spark.read.format("delta").load(config.output).count() == N  # overwrite: never duplicated
 
 
 def test_whitening_output_is_white_in_k_dims(spark, corpus, capsys):
     root, _ = corpus
     artifact = str(root / "whitening-artifact")
-    assert fit_main(["--conf", "conf/fit.yaml"] + cli_args(
-        input=root / "corpus", artifact=artifact, method="whitening", k=6, on_invalid="error")) == 0
+    assert (
+        fit_main(
+            ["--conf", "conf/fit.yaml"]
+            + cli_args(input=root / "corpus", artifact=artifact, method="whitening", k=6, on_invalid="error")
+        )
+        == 0
+    )
     manifest = json.loads(capsys.readouterr().out)
     assert manifest["d_out"] == 6 and manifest["params"]["k"] == 6 and manifest["params"]["clamped"] == 0
-    config = ApplyConfig(input=str(root / "corpus"), artifact=artifact, output=str(root / "white-out"),
-                         output_col="white")
+    config = ApplyConfig(
+        input=str(root / "corpus"), artifact=artifact, output=str(root / "white-out"), output_col="white"
+    )
     run_apply(spark, config)
     out = spark.read.format("delta").load(config.output)
     assert out.columns == ["id", "title", "token_count", "vector", "white", "transform_version"]
@@ -138,13 +156,15 @@ def test_failed_run_leaves_previous_version_unchanged(spark, corpus, tmp_path):
 
     marker = data[:5].copy()
     marker[:, 0] = MARKER
-    write_table(spark, source, marker, start=N, mode="append")              # input version 1
+    write_table(spark, source, marker, start=N, mode="append")  # input version 1
     bad = Artifact(FailingCenter(data.mean(axis=0)), {"transform_version": "failing-1", "n": N, "fitted_on": None})
     with pytest.raises(Exception, match="injected failure"):
         run_apply(spark, config, artifact=bad)
     assert latest_commit(spark, config.output)[0] == 0
     now = spark.read.format("delta").load(config.output)
-    assert now.count() == N and {r["transform_version"] for r in now.select("transform_version").collect()} == {"center-good"}
+    assert now.count() == N and {r["transform_version"] for r in now.select("transform_version").collect()} == {
+        "center-good"
+    }
     assert sorted(tuple(r["vector"]) for r in now.collect()) == snapshot
 
 
@@ -168,9 +188,11 @@ def test_invalid_rows_and_dimension_mismatch(spark, corpus, tmp_path):
 def test_check_batch_names_the_length_of_a_batch_with_no_vector_of_the_dimension():
     """``foreign_length``: the first non-null vector's length when no non-null vector of the batch has the expected
     dimension; None when one has it, or when every vector is null."""
+
     def batch(vectors):
-        return pa.RecordBatch.from_arrays([pa.array(range(len(vectors)), pa.int64()),
-                                           pa.array(vectors, pa.list_(pa.float32()))], ["id", "vector"])
+        return pa.RecordBatch.from_arrays(
+            [pa.array(range(len(vectors)), pa.int64()), pa.array(vectors, pa.list_(pa.float32()))], ["id", "vector"]
+        )
 
     assert check_batch(batch([None, [1.0, 2.0], [1.0, 2.0, 3.0]]), "vector", "id", 4).foreign_length == 2
     assert check_batch(batch([[1.0, 2.0], [1.0, 2.0, 3.0, 4.0]]), "vector", "id", 4).foreign_length is None
@@ -186,10 +208,17 @@ def test_a_table_of_another_dimension_is_refused_and_a_stray_first_row_quarantin
     _, artifact = fitted(spark, root, "center")
     narrow = str(tmp_path / "narrow")
     write_table(spark, narrow, data[:20, :8])
-    config = ApplyConfig(input=narrow, artifact=artifact, output=str(tmp_path / "o"), on_invalid="quarantine",
-                         quarantine_path=str(tmp_path / "q"))
-    with pytest.raises(ArtifactError, match=f"^input vectors have dimension 8 but transform center-[0-9a-f]{{12}} "
-                                            f"was fitted on dimension {D}$"):
+    config = ApplyConfig(
+        input=narrow,
+        artifact=artifact,
+        output=str(tmp_path / "o"),
+        on_invalid="quarantine",
+        quarantine_path=str(tmp_path / "q"),
+    )
+    with pytest.raises(
+        ArtifactError,
+        match=f"^input vectors have dimension 8 but transform center-[0-9a-f]{{12}} was fitted on dimension {D}$",
+    ):
         run_apply(spark, config)
     assert latest_commit(spark, config.output) is None
     stray = str(tmp_path / "stray")
@@ -204,7 +233,9 @@ def test_a_table_of_another_dimension_is_refused_and_a_stray_first_row_quarantin
 
 def float32_table(spark, path, matrix, bad_rows=()):
     """Delta table ``id long, vector array<float>`` of ``matrix``; the ids in ``bad_rows`` get a NaN vector."""
-    rows = [(i, [float("nan")] * len(row) if i in bad_rows else [float(v) for v in row]) for i, row in enumerate(matrix)]
+    rows = [
+        (i, [float("nan")] * len(row) if i in bad_rows else [float(v) for v in row]) for i, row in enumerate(matrix)
+    ]
     spark.createDataFrame(rows, "id long, vector array<float>").repartition(2).write.format("delta").save(path)
     return path
 
@@ -215,13 +246,19 @@ def test_output_dtype_and_one_pass_quarantine(spark, corpus, tmp_path, output_dt
     root, data = corpus
     _, artifact = fitted(spark, root, "center")
     source = float32_table(spark, str(tmp_path / "f32"), data[:50], bad_rows={4, 9})
-    config = ApplyConfig(input=source, artifact=artifact, output=str(tmp_path / "o"), output_dtype=output_dtype,
-                         on_invalid="quarantine", quarantine_path=str(tmp_path / "q"))
+    config = ApplyConfig(
+        input=source,
+        artifact=artifact,
+        output=str(tmp_path / "o"),
+        output_dtype=output_dtype,
+        on_invalid="quarantine",
+        quarantine_path=str(tmp_path / "q"),
+    )
     summary = run_apply(spark, config)
     assert summary["invalid_rows"] == 2 and summary["invalid_by_reason"] == {"non_finite": 2}
     out = spark.read.format("delta").load(config.output)
     assert out.schema["vector"].dataType.simpleString() == f"array<{element}>"
-    assert out.schema["vector"].dataType.containsNull is True          # the published type is the input's, nullable
+    assert out.schema["vector"].dataType.containsNull is True  # the published type is the input's, nullable
     got = {r["id"]: np.array(r["vector"]) for r in out.collect()}
     assert sorted(got) == [i for i in range(50) if i not in (4, 9)]
     want = data[:50].astype(np.float32).astype(np.float64) - load_artifact(artifact).transform.mean
@@ -261,8 +298,9 @@ def test_duplicate_ids_quarantined_or_refused_before_writing(spark, corpus, tmp_
     assert summary["invalid_by_reason"] == {"duplicate_id": 4, "non_finite": 1}
     published = sorted(r["id"] for r in spark.read.format("delta").load(lenient.output).collect())
     assert published == [i for i in range(30) if i not in (7, 11)]
-    quarantined = sorted((r["id"], r["invalid_reason"]) for r in spark.read.format("delta").load(lenient.quarantine_path)
-                         .collect())
+    quarantined = sorted(
+        (r["id"], r["invalid_reason"]) for r in spark.read.format("delta").load(lenient.quarantine_path).collect()
+    )
     assert quarantined == [(7, "duplicate_id")] * 2 + [(11, "duplicate_id")] * 2 + [(11, "non_finite")]
 
 
@@ -285,8 +323,11 @@ def test_duplicate_ids_beyond_the_ceiling_mean_the_table_is_not_keyed(spark, mon
 
     monkeypatch.setattr(quarantine, "MAX_DUPLICATE_IDS", 3)
     ids = spark.createDataFrame([(i % 4,) for i in range(10)] + [(None,), (None,), (99,)], "id long")
-    with pytest.raises(InvalidRowsError, match=r"^4 ids of column 'id' occur more than once \(10 rows\): "
-                                               r"the table is not keyed by 'id'$"):
+    with pytest.raises(
+        InvalidRowsError,
+        match=r"^4 ids of column 'id' occur more than once \(10 rows\): "
+        r"the table is not keyed by 'id'$",
+    ):
         find_duplicates(ids, "id")
     at_ceiling = find_duplicates(ids.where("id < 3 or id is null"), "id")
     assert at_ceiling.tally.counts == {"duplicate_id": 8}
@@ -299,8 +340,9 @@ def test_quarantine_is_idempotent_and_stamped(spark, tmp_path):
     from anisotropy_spark.io import validate
 
     quarantine = str(tmp_path / "q")
-    spark.createDataFrame([(-9, None, "null_vector")], "id long, vector array<double>, invalid_reason string") \
-        .write.format("delta").save(quarantine)                      # written by an earlier release
+    spark.createDataFrame(
+        [(-9, None, "null_vector")], "id long, vector array<double>, invalid_reason string"
+    ).write.format("delta").save(quarantine)  # written by an earlier release
     good = [(i, [float(i), 1.0, 2.0 * i]) for i in range(20)]
     night1 = spark.createDataFrame(good + [(-1, None), (-2, [1.0])], "id long, vector array<double>")
     for run_id, version in (("r1", 0), ("r2", 1)):
@@ -308,14 +350,17 @@ def test_quarantine_is_idempotent_and_stamped(spark, tmp_path):
         assert checked.invalid_by_reason == {"null_vector": 1, "wrong_dimension:1": 1}
     night3 = night1.unionByName(spark.createDataFrame([(-3, [float("inf"), 0.0, 0.0])], night1.schema))
     validate(night3, "vector", "id", 3, "quarantine", quarantine, run_id="r3", input_version=2)
-    rows = sorted((r["id"], r["run_id"], r["input_version"]) for r in spark.read.format("delta").load(quarantine)
-                  .collect())
+    rows = sorted(
+        (r["id"], r["run_id"], r["input_version"]) for r in spark.read.format("delta").load(quarantine).collect()
+    )
     assert rows == [(-9, None, None), (-3, "r3", 2), (-2, "r1", 0), (-1, "r1", 0)]
 
 
 def published(spark, path):
-    return {r["id"]: (r["title"], r["token_count"], tuple(r["vector"]))
-            for r in spark.read.format("delta").load(path).collect()}
+    return {
+        r["id"]: (r["title"], r["token_count"], tuple(r["vector"]))
+        for r in spark.read.format("delta").load(path).collect()
+    }
 
 
 def test_pyarrow_reader_publishes_what_sparks_scan_does(spark, corpus, tmp_path):
@@ -327,15 +372,21 @@ def test_pyarrow_reader_publishes_what_sparks_scan_does(spark, corpus, tmp_path)
     bad[5, 1] = np.inf
     source = str(tmp_path / "source")
     write_table(spark, source, bad)
-    write_table(spark, source, data[:3], start=7, mode="append")          # ids 7, 8, 9 repeated: duplicate_id × 6
+    write_table(spark, source, data[:3], start=7, mode="append")  # ids 7, 8, 9 repeated: duplicate_id × 6
     results = {}
     for reader in ("auto", "spark"):
-        config = ApplyConfig(input=source, artifact=artifact, output=str(tmp_path / f"o-{reader}"),
-                             on_invalid="quarantine", quarantine_path=str(tmp_path / f"q-{reader}"),
-                             vector_reader=reader)
+        config = ApplyConfig(
+            input=source,
+            artifact=artifact,
+            output=str(tmp_path / f"o-{reader}"),
+            on_invalid="quarantine",
+            quarantine_path=str(tmp_path / f"q-{reader}"),
+            vector_reader=reader,
+        )
         summary = run_apply(spark, config)
-        quarantined = sorted((r["id"], r["invalid_reason"])
-                             for r in spark.read.format("delta").load(config.quarantine_path).collect())
+        quarantined = sorted(
+            (r["id"], r["invalid_reason"]) for r in spark.read.format("delta").load(config.quarantine_path).collect()
+        )
         results[reader] = (summary, published(spark, config.output), quarantined)
     (auto, out_auto, q_auto), (plain, out_spark, q_spark) = results["auto"], results["spark"]
     assert auto["reader"] == "pyarrow" and plain["reader"] == "spark (vector_reader: spark)"
@@ -352,7 +403,7 @@ def test_files_pyarrow_cannot_serve_are_written_through_sparks_scan(spark, corpu
     _, artifact = fitted(spark, root, "center")
     source = str(tmp_path / "source")
     write_table(spark, source, data[:30])
-    stray = tmp_path / "stray.parquet"                      # listed with the table's files: no title column
+    stray = tmp_path / "stray.parquet"  # listed with the table's files: no title column
     pq.write_table(pa.table({"id": [999], "vector": pa.array([[0.0] * D], pa.list_(pa.float64()))}), stray)
     listed = apply_job.table_files
 
@@ -387,8 +438,12 @@ def test_output_is_coalesced_to_the_target_file_size(spark, corpus, tmp_path):
     _, artifact = fitted(spark, root, "abtt")
     source = str(tmp_path / "source")
     rows = [(i, f"doc{i}", i % 7, [float(v) for v in row]) for i, row in enumerate(data)]
-    (spark.createDataFrame(rows, "id long, title string, token_count int, vector array<double>").repartition(40)
-     .write.format("delta").save(source))
+    (
+        spark.createDataFrame(rows, "id long, title string, token_count int, vector array<double>")
+        .repartition(40)
+        .write.format("delta")
+        .save(source)
+    )
     files = spark.read.format("delta").load(source).inputFiles()
     size = sum(os.path.getsize(urllib.parse.urlparse(f).path) for f in files)
     assert len(files) == 40 and scan_bytes(spark.read.format("delta").option("versionAsOf", 0).load(source)) == size

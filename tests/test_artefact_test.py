@@ -1,5 +1,6 @@
 """The per-direction artefact test's permutation null (issue 43): family-wise error held at small n, curved artefacts
 caught by Spearman, label separation with a null of its own."""
+
 import json
 
 import numpy as np
@@ -44,8 +45,9 @@ def test_label_separation_null_fires_rarely_on_noise():
     labels = np.repeat(np.arange(50), 20)
     fired = raw = 0
     for repetition in range(100):
-        result = direction_test(rng.normal(size=(1000, 10)), np.ones(10), labels=labels, permutations_count=199,
-                                seed=repetition)
+        result = direction_test(
+            rng.normal(size=(1000, 10)), np.ones(10), labels=labels, permutations_count=199, seed=repetition
+        )
         fired += any(row["label_significant"] for row in result["directions"])
         raw += any(row["label_separation"] >= 1.0 for row in result["directions"])
     assert fired / 100 <= 0.08 and raw / 100 >= 0.5

@@ -1,4 +1,5 @@
 """Every unreadable artifact raises ArtifactError naming the path and the problem (issue 12, item 6)."""
+
 import json
 
 import numpy as np
@@ -57,7 +58,7 @@ def test_edited_transform_version_says_what_differs(artifact):
         load_artifact(str(artifact))
     message = str(info.value)
     assert "'abtt-000000000000' does not match the content" in message and f"expected {real}" in message
-    assert "hash mismatch" not in message          # not the old message printing two identical hashes
+    assert "hash mismatch" not in message  # not the old message printing two identical hashes
 
 
 def test_tampered_arrays_print_both_hashes(artifact):

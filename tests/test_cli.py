@@ -1,12 +1,21 @@
 """The ``anisotropy`` console script dispatches to each job's own main (no Spark needed for these checks)."""
+
 import pytest
 
 from jobs import cli
 
 
-@pytest.mark.parametrize("job,flag", [("diagnose", "--sample-size"), ("fit", "--max-D"), ("apply", "--artifact"),
-                                      ("nightly", "--output-bounds"), ("vacuum", "--allow-short-retention"),
-                                      ("demo", "--corpus-parquet")])
+@pytest.mark.parametrize(
+    "job,flag",
+    [
+        ("diagnose", "--sample-size"),
+        ("fit", "--max-D"),
+        ("apply", "--artifact"),
+        ("nightly", "--output-bounds"),
+        ("vacuum", "--allow-short-retention"),
+        ("demo", "--corpus-parquet"),
+    ],
+)
 def test_every_subcommand_is_the_jobs_cli(job, flag, capsys):
     with pytest.raises(SystemExit) as done:
         cli.main([job, "--help"])

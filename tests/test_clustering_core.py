@@ -1,12 +1,12 @@
 """k-means and cluster-wise recentering in numpy (seed chapter 7, "the mean belongs to nobody")."""
+
 import numpy as np
 import pytest
 
 from anisotropy_core.artifact import load_artifact, save_artifact
 from anisotropy_core.cluster_diagnostics import cluster_diagnostics, cluster_moments, induced_anisotropy
 from anisotropy_core.cluster_recenter import ClusterRecenter, fit_cluster_recenter
-from anisotropy_core.kmeans import (ClusterState, assign, kmeans, lloyd, prepare, sample_corrected_step,
-                                    update_centroids)
+from anisotropy_core.kmeans import ClusterState, assign, kmeans, lloyd, prepare, sample_corrected_step, update_centroids
 from anisotropy_core.diagnostics import centred_spectrum, diagnose
 from anisotropy_core.moments import InvalidVectorsError, Moments
 from anisotropy_core.synthetic import cone, mixture, random_rotation
@@ -22,7 +22,7 @@ def two_populations(d=200, n=10_000, seed=0):
     rng = np.random.default_rng(seed)
     basis = random_rotation(d, rng)
     a = 3.0 * basis[0]
-    b = a + basis[1]                                   # ‖a − b‖ = 1
+    b = a + basis[1]  # ‖a − b‖ = 1
     labels = (np.arange(n) >= int(0.9 * n)).astype(int)
     X = np.where(labels[:, None] == 1, b, a) + rng.normal(size=(n, d)) / np.sqrt(d)
     return X, labels
@@ -36,7 +36,7 @@ def test_global_mean_induces_anisotropy_in_the_minority_and_cluster_centring_rem
     assert induced_anisotropy(0.9, 1.0) == pytest.approx(0.81 / 1.81)
     a_b_global = diagnose(globally[B])["anisotropy_A"]
     a_a_global = diagnose(globally[A])["anisotropy_A"]
-    assert a_b_global == pytest.approx(0.4475, abs=0.01)          # O(1/d) corrections to the approximation
+    assert a_b_global == pytest.approx(0.4475, abs=0.01)  # O(1/d) corrections to the approximation
     assert a_a_global == pytest.approx(0.0099, abs=0.003)
 
     fit, result = fit_cluster_recenter(X, k=2, seed=0)
@@ -77,7 +77,7 @@ def nearest_mean_accuracy(features, labels):
 def test_global_abtt_destroys_the_cluster_label_and_cluster_recentering_keeps_it():
     X, labels = separated_clusters(n=4000)
     report = diagnose(X)
-    assert report["top1_var"] == pytest.approx(4.25 / 4.75, abs=0.01)          # seed: 89.5 %
+    assert report["top1_var"] == pytest.approx(4.25 / 4.75, abs=0.01)  # seed: 89.5 %
     assert report["effective_rank"] == pytest.approx(1.506, abs=0.03)
     assert nearest_mean_accuracy(X, labels) > 0.99
 
@@ -86,7 +86,7 @@ def test_global_abtt_destroys_the_cluster_label_and_cluster_recentering_keeps_it
     u1 = centred_spectrum(state)[1][:, :1]
     abtt = (X - state.mean) - (X - state.mean) @ u1 @ u1.T
     accuracy = nearest_mean_accuracy(abtt, labels)
-    assert abs(accuracy - 0.5) < 0.04                   # chance: 2000 test rows, sd 0.011
+    assert abs(accuracy - 0.5) < 0.04  # chance: 2000 test rows, sd 0.011
 
     fit, _ = fit_cluster_recenter(X, k=2, n_directions=1, seed=0)
     corrected, ids = fit.apply_with_clusters(X)
@@ -106,7 +106,7 @@ def test_state_merge_equals_one_batch_and_survives_bytes():
     whole = ClusterState.of_batch(X, C, "euclidean")
     merged = ClusterState.of_batch(X[:250], C, "euclidean").merge(ClusterState.of_batch(X[250:], C, "euclidean"))
     back = ClusterState.from_bytes(merged.to_bytes())
-    assert len(merged.to_bytes()) == ClusterState.max_wire_bytes(4, 5)      # 4 far points: the largest state
+    assert len(merged.to_bytes()) == ClusterState.max_wire_bytes(4, 5)  # 4 far points: the largest state
     for state in (merged, back):
         assert np.allclose(state.sums, whole.sums, rtol=1e-12)
         assert np.array_equal(state.counts, whole.counts)
@@ -121,9 +121,9 @@ def test_state_merge_equals_one_batch_and_survives_bytes():
 def test_empty_cluster_is_reseeded_at_the_farthest_point():
     X, labels = mixture(900, 4, (0.5, 0.5), separation=8.0, seed=4)
     far_away = np.full(4, 1e3)
-    init = np.stack([X[0], X[0], far_away])                  # duplicate → empty, far away → empty
+    init = np.stack([X[0], X[0], far_away])  # duplicate → empty, far away → empty
     state = ClusterState.of_batch(X, init, "euclidean")
-    assert state.counts.tolist() == [900, 0, 0]              # ties go to the lower id
+    assert state.counts.tolist() == [900, 0, 0]  # ties go to the lower id
     updated, reseeded = update_centroids(state, init, "euclidean")
     assert reseeded == [1, 2]
     assert np.array_equal(updated[1:], state.far_points[:2])
@@ -144,10 +144,10 @@ def test_kmeans_is_deterministic_and_recovers_separated_clusters():
     assert np.array_equal(first.centroids, second.centroids) and first.history == second.history
     ids = assign(X, first.centroids, "euclidean")[0]
     purity = sum(np.bincount(labels[ids == c]).max() for c in range(3)) / len(labels)
-    assert purity > 0.99                     # the populations overlap slightly: the Bayes error is not 0
+    assert purity > 0.99  # the populations overlap slightly: the Bayes error is not 0
     oracle = kmeans(X, 3, init=np.stack([X[labels == c].mean(axis=0) for c in range(3)]))
-    assert first.inertia <= oracle.inertia * (1 + 1e-9)      # as good as Lloyd started from the truth
-    assert all(b <= a * (1 + 1e-12) for a, b in zip(first.history, first.history[1:]))   # Lloyd never worsens
+    assert first.inertia <= oracle.inertia * (1 + 1e-9)  # as good as Lloyd started from the truth
+    assert all(b <= a * (1 + 1e-12) for a, b in zip(first.history, first.history[1:]))  # Lloyd never worsens
     # Lloyd does not depend on how the rows are split into partitions (same start, same passes)
     split = kmeans([X[:1000], X[1000:2500], X[2500:]], 3, init=X[:3], tol=0.0)
     whole = kmeans(X, 3, init=X[:3], tol=0.0)
@@ -159,7 +159,7 @@ def test_cosine_kmeans_clusters_directions_not_lengths():
     rng = np.random.default_rng(6)
     directions = random_rotation(8, rng)[:2]
     labels = np.arange(1000) % 2
-    lengths = rng.uniform(0.5, 5.0, size=1000)[:, None]      # lengths vary tenfold inside each cluster
+    lengths = rng.uniform(0.5, 5.0, size=1000)[:, None]  # lengths vary tenfold inside each cluster
     X = lengths * (directions[labels] + 0.1 * rng.normal(size=(1000, 8)))
     result = kmeans(X, 2, metric="cosine", seed=0)
     assert np.allclose(np.linalg.norm(result.centroids, axis=1), 1.0)
@@ -216,14 +216,17 @@ def test_lloyd_stops_at_max_iter_and_reports_it():
 def test_shifted_state_moves_each_non_empty_cluster_mean_by_the_shift():
     rng = np.random.default_rng(3)
     x, centroids = rng.normal(size=(200, 5)), rng.normal(size=(4, 5))
-    centroids[3] = 100.0                                       # far from every row: an empty cluster
+    centroids[3] = 100.0  # far from every row: an empty cluster
     state = ClusterState.of_batch(x, centroids, "euclidean")
     shift = rng.normal(size=(4, 5))
     moved = state.shifted(shift)
     live = state.counts > 0
     assert not live[3] and live[:3].all()
-    np.testing.assert_allclose(moved.sums[live] / moved.counts[live, None],
-                               state.sums[live] / state.counts[live, None] + shift[live], rtol=1e-12)
+    np.testing.assert_allclose(
+        moved.sums[live] / moved.counts[live, None],
+        state.sums[live] / state.counts[live, None] + shift[live],
+        rtol=1e-12,
+    )
     assert np.array_equal(moved.sums[3], np.zeros(5)) and np.array_equal(moved.counts, state.counts)
     assert moved.inertia == state.inertia and np.array_equal(moved.far_points, state.far_points)
 
@@ -233,12 +236,12 @@ def test_corrected_sample_updates_with_the_whole_table_as_sample_are_plain_lloyd
     # the sample's bias at the full pass is then 0, so each corrected update is one more Lloyd update
     X, _ = mixture(600, 6, (0.5, 0.3, 0.2), separation=2.0, seed=4)
     x = prepare(X, metric)
-    table_pass = lambda c: ClusterState.of_batch(x, c, metric)     # noqa: E731
+    table_pass = lambda c: ClusterState.of_batch(x, c, metric)  # noqa: E731
     start = x[:3].copy()
     state = table_pass(start)
     updated, _ = update_centroids(state, start, metric)
     stepped = sample_corrected_step(table_pass, metric, 4)(state, start, updated)
-    plain = lloyd(table_pass, start, metric, max_iter=6, tol=0.0)            # centroids after 5 updates
+    plain = lloyd(table_pass, start, metric, max_iter=6, tol=0.0)  # centroids after 5 updates
     np.testing.assert_allclose(stepped, plain.centroids, rtol=0, atol=1e-12)
     assert np.array_equal(sample_corrected_step(table_pass, metric, 0)(state, start, updated), updated)
 
@@ -252,8 +255,10 @@ def test_corrected_sample_updates_lower_the_table_inertia_of_a_sample_fit():
     # 12 seeds lower, 6 higher, from −0.19 % to +0.14 %
     for seed in range(8):
         parts = np.array_split(cone(60_000, 32, offset=4.0, alpha=1.0, seed=seed).astype(np.float32), 4)
-        fit = lambda corrected: kmeans(parts, 16, seed=seed, max_iter=20, tol=0.0, sample_size=8000,  # noqa: E731
-                                       corrected_iter=corrected)
+
+        def fit(corrected, parts=parts, seed=seed):
+            return kmeans(parts, 16, seed=seed, max_iter=20, tol=0.0, sample_size=8000, corrected_iter=corrected)
+
         plain, corrected = fit(0), fit(10)
         assert corrected.inertia < plain.inertia * (1 - 5e-4), seed
         assert corrected.counts.sum() == plain.counts.sum() == 60_000 and len(corrected.history) == 2
@@ -265,7 +270,7 @@ def test_cluster_state_matches_direct_formulas():
     # the pass's fast paths (per-cluster sums by one gather per cluster, precomputed ‖x‖²) against the plain definitions
     rng = np.random.default_rng(7)
     x, centroids, w = rng.normal(size=(300, 5)), rng.normal(size=(8, 5)), rng.uniform(0.5, 2.0, size=300)
-    direct = ((x[:, None, :] - centroids[None]) ** 2).sum(axis=2)              # (B, k)
+    direct = ((x[:, None, :] - centroids[None]) ** 2).sum(axis=2)  # (B, k)
     ids = np.argmin(direct, axis=1)
     sums = np.zeros((8, 5))
     np.add.at(sums, ids, w[:, None] * x)
@@ -288,7 +293,7 @@ def test_blocked_cluster_recentering_equals_the_per_row_formula(metric):
     x64 = x32.astype(np.float64)
     want_ids = assign(prepare(x64, metric), fit.centroids, metric)[0]
     centred = x64 - fit.means[want_ids]
-    u = fit.directions[want_ids, 0]                                  # (n, d): the one direction per cluster
+    u = fit.directions[want_ids, 0]  # (n, d): the one direction per cluster
     want = centred - np.sum(centred * u, axis=1, keepdims=True) * u
     out, ids = fit.apply_with_clusters(x32)
     assert out.dtype == np.float64

@@ -1,4 +1,5 @@
 """ABTT → PCA-k → ABTT (seed ch. 3, "Does it compose?") and the n < d Gram/dual route (seed ch. 6)."""
+
 import time
 
 import numpy as np
@@ -26,14 +27,14 @@ def test_reapplying_the_same_abtt_is_a_no_op_but_refitting_is_not():
     x = cloud()
     first = fit_abtt(Moments.of_batch(x), D=2)
     projector = first.projector()
-    np.testing.assert_allclose(projector @ projector, projector, atol=1e-14)          # PP = P
+    np.testing.assert_allclose(projector @ projector, projector, atol=1e-14)  # PP = P
     once = first.apply(x)
-    np.testing.assert_allclose(once @ projector, once, atol=1e-12)                    # same U again: no-op
-    refit = fit_abtt(once, D=1)                                                       # refitted on the output
+    np.testing.assert_allclose(once @ projector, once, atol=1e-12)  # same U again: no-op
+    refit = fit_abtt(once, D=1)  # refitted on the output
     twice = refit.apply(once)
-    assert np.abs(refit.components @ first.components.T).max() < 1e-10               # a new direction
+    assert np.abs(refit.components @ first.components.T).max() < 1e-10  # a new direction
     removed = np.linalg.norm(once - twice) ** 2 / len(x)
-    assert removed == pytest.approx(first.eigenvalues[2], rel=1e-9)                    # it removes λ₃ of Σ
+    assert removed == pytest.approx(first.eigenvalues[2], rel=1e-9)  # it removes λ₃ of Σ
 
 
 def test_composition_equals_the_three_steps_done_by_hand():
@@ -50,22 +51,25 @@ def test_composition_equals_the_three_steps_done_by_hand():
     z = t.apply(x)
     np.testing.assert_allclose(gram(z), gram(by_hand), atol=1e-8 * np.abs(gram(by_hand)).max())
     spectrum = np.sort(np.linalg.eigvalsh(np.cov(z.T, bias=True)))[::-1]
-    np.testing.assert_allclose(spectrum[:5], t.eigenvalues[2:7], rtol=1e-9)          # λ₃..λ₇ survive
-    assert spectrum[5] < 1e-10 * spectrum[0]                                            # the refitted direction is gone
+    np.testing.assert_allclose(spectrum[:5], t.eigenvalues[2:7], rtol=1e-9)  # λ₃..λ₇ survive
+    assert spectrum[5] < 1e-10 * spectrum[0]  # the refitted direction is gone
 
 
 def test_composition_defaults_rows_route_and_artifact(tmp_path):
     x = cloud(n=300, d=30, seed=1)
     t = fit("abtt_pca_abtt", Moments.of_batch(x))
     assert t.d_out == 10 and t.params()["d_rule"] == t.params()["d2_rule"] == "rule_of_thumb_d/100 (unverified)"
-    small = x[:20]                                                                     # n < d: Gram route
-    by_rows, by_moments = fit_abtt_pca_abtt(small, D=1, k=5, D2=1), fit_abtt_pca_abtt(Moments.of_batch(small), D=1, k=5, D2=1)
+    small = x[:20]  # n < d: Gram route
+    by_rows, by_moments = (
+        fit_abtt_pca_abtt(small, D=1, k=5, D2=1),
+        fit_abtt_pca_abtt(Moments.of_batch(small), D=1, k=5, D2=1),
+    )
     np.testing.assert_allclose(gram(by_rows.apply(small)), gram(by_moments.apply(small)), atol=1e-9)
     with pytest.raises(ValueError, match="k=19 must satisfy"):
         fit_abtt_pca_abtt(small, D=1, k=19)
     save_artifact(str(tmp_path / "c"), t, n=300)
     loaded = load_artifact(str(tmp_path / "c")).transform
-    np.testing.assert_allclose(loaded.apply(x), t.apply(x), rtol=0, atol=1e-12)   # contiguity changes BLAS order
+    np.testing.assert_allclose(loaded.apply(x), t.apply(x), rtol=0, atol=1e-12)  # contiguity changes BLAS order
 
 
 def test_dual_spectrum_equals_the_d_by_d_route_on_the_nonzero_spectrum():
@@ -75,7 +79,7 @@ def test_dual_spectrum_equals_the_d_by_d_route_on_the_nonzero_spectrum():
     lam, q = dual_spectrum(centred)
     full, vecs = np.linalg.eigh(centred.T @ centred / 30)
     full, vecs = full[::-1], vecs[:, ::-1]
-    assert lam.shape == (29,) and q.shape == (200, 29)                                 # rank n − 1 after centring
+    assert lam.shape == (29,) and q.shape == (200, 29)  # rank n − 1 after centring
     np.testing.assert_allclose(lam, full[:29], rtol=1e-9)
     np.testing.assert_allclose(np.abs(np.sum(q * vecs[:, :29], axis=0)), 1.0, atol=1e-8)
     np.testing.assert_allclose(q.T @ q, np.eye(29), atol=1e-10)

@@ -1,4 +1,5 @@
 """Typed YAML config: unknown keys, types, literals, required keys, CLI overrides (incl. null)."""
+
 import dataclasses
 from typing import Literal
 
@@ -26,15 +27,18 @@ def test_valid_mapping_and_int_to_float():
     assert c == Example(input="x", k=4, tol=2.0, cols=["a"]) and isinstance(c.tol, float)
 
 
-@pytest.mark.parametrize("raw, message", [
-    ({"input": "x", "kk": 1}, r"unknown key\(s\) \['kk'\]"),
-    ({"input": "x", "k": "3"}, "config.k: expected int, got str"),
-    ({"input": "x", "k": True}, "config.k: expected int, got bool"),
-    ({"input": "x", "mode": "c"}, r"config.mode: 'c' is not one of \['a', 'b'\]"),
-    ({"k": 1}, r"missing required key\(s\) \['input'\]"),
-    ({"input": "x", "cols": "a"}, "config.cols: expected a list"),
-    ({"input": "x", "k": 0}, "k must be ≥ 1"),
-])
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"input": "x", "kk": 1}, r"unknown key\(s\) \['kk'\]"),
+        ({"input": "x", "k": "3"}, "config.k: expected int, got str"),
+        ({"input": "x", "k": True}, "config.k: expected int, got bool"),
+        ({"input": "x", "mode": "c"}, r"config.mode: 'c' is not one of \['a', 'b'\]"),
+        ({"k": 1}, r"missing required key\(s\) \['input'\]"),
+        ({"input": "x", "cols": "a"}, "config.cols: expected a list"),
+        ({"input": "x", "k": 0}, "k must be ≥ 1"),
+    ],
+)
 def test_errors_name_the_key(raw, message):
     with pytest.raises(ConfigError, match=message):
         from_mapping(Example, raw)
@@ -43,9 +47,16 @@ def test_errors_name_the_key(raw, message):
 def test_cli_overrides_file_and_null_clears(tmp_path):
     conf = tmp_path / "c.yaml"
     conf.write_text("input: from-file\nk: 5\ntable: out/metrics\n")
-    config, _ = parse_args(Example, ["--conf", str(conf), "--k", "7", "--cols", "[a, b]", "--table", "null",
-                                     "--dimension", "12"], "test")
-    assert (config.input, config.k, config.cols, config.table, config.dimension) == ("from-file", 7, ["a", "b"], None, 12)
+    config, _ = parse_args(
+        Example, ["--conf", str(conf), "--k", "7", "--cols", "[a, b]", "--table", "null", "--dimension", "12"], "test"
+    )
+    assert (config.input, config.k, config.cols, config.table, config.dimension) == (
+        "from-file",
+        7,
+        ["a", "b"],
+        None,
+        12,
+    )
     untouched, _ = parse_args(Example, ["--conf", str(conf)], "test")
     assert untouched.table == "out/metrics" and untouched.k == 5
     text_kept, _ = parse_args(Example, ["--input", "123"], "test")
@@ -69,7 +80,8 @@ def test_quarantine_needs_a_path():
     from jobs.diagnose import DiagnoseConfig
 
     assert quarantine_problems(DiagnoseConfig(input="x", on_invalid="quarantine")) == [
-        "on_invalid: quarantine needs quarantine_path"]
+        "on_invalid: quarantine needs quarantine_path"
+    ]
     assert quarantine_problems(DiagnoseConfig(input="x", on_invalid="quarantine", quarantine_path="q")) == []
     assert quarantine_problems(DiagnoseConfig(input="x")) == []
 
@@ -115,7 +127,9 @@ def test_every_job_shares_the_input_block():
     with pytest.raises(ConfigError, match="dimension must be >= 1, got 0"):
         from_mapping(FitConfig, {"input": "x", "artifact": "a", "dimension": 0})
     with pytest.raises(ConfigError, match="output must differ from input"):
-        from_mapping(ApplyConfig, {"input": "t", "artifact": "a", "output": "file://" + __import__("os").path.abspath("t")})
+        from_mapping(
+            ApplyConfig, {"input": "t", "artifact": "a", "output": "file://" + __import__("os").path.abspath("t")}
+        )
 
 
 def test_fit_config_rejects_a_negative_task_memory():

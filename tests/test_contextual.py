@@ -1,11 +1,22 @@
 """Chapter-4 contextual measures: the seed's worked examples, brute-force cross-checks, and Spark == numpy."""
+
 import itertools
 
 import numpy as np
 import pytest
 
-from anisotropy_core.contextual import (GroupSums, adjust, contextual_report, group_sums, mev, pooled_anisotropy,
-                                        pooling_report, ranking, self_similarity, static_vector)
+from anisotropy_core.contextual import (
+    GroupSums,
+    adjust,
+    contextual_report,
+    group_sums,
+    mev,
+    pooled_anisotropy,
+    pooling_report,
+    ranking,
+    self_similarity,
+    static_vector,
+)
 from anisotropy_core.moments import Moments
 
 
@@ -24,10 +35,13 @@ def brute_average_cosine(x):
     return float(np.mean([u[i] @ u[j] for i, j in itertools.combinations(range(len(u)), 2)]))
 
 
-@pytest.mark.parametrize("cosines, baseline, self_sim, adjusted", [
-    ([0.991, 0.988, 0.983, 0.990, 0.986, 0.984], 0.985, 0.987, 0.002),   # layer 12
-    ([0.81, 0.77, 0.79, 0.76, 0.80, 0.75], 0.250, 0.780, 0.530),          # layer 1
-])
+@pytest.mark.parametrize(
+    "cosines, baseline, self_sim, adjusted",
+    [
+        ([0.991, 0.988, 0.983, 0.990, 0.986, 0.984], 0.985, 0.987, 0.002),  # layer 12
+        ([0.81, 0.77, 0.79, 0.76, 0.80, 0.75], 0.250, 0.780, 0.530),  # layer 1
+    ],
+)
 def test_run_at_two_layers(cosines, baseline, self_sim, adjusted):
     occurrences = unit_vectors_with_cosines(cosines)
     s = GroupSums.of_batch(occurrences)
@@ -45,8 +59,9 @@ def test_four_occurrences_two_senses():
     assert s.average_cosine() == pytest.approx(0.802572, abs=1e-6)
     assert s.average_cosine() == pytest.approx(brute_average_cosine(x), abs=1e-14)
     # scaling an occurrence does not change any cosine
-    assert GroupSums.of_batch(x * [[3.0], [0.2], [1.0], [7.0]]).average_cosine() == pytest.approx(0.8025725018936839,
-                                                                                                   abs=1e-14)
+    assert GroupSums.of_batch(x * [[3.0], [0.2], [1.0], [7.0]]).average_cosine() == pytest.approx(
+        0.8025725018936839, abs=1e-14
+    )
 
 
 def test_cross_layer_reordering_table():
@@ -78,8 +93,12 @@ def test_mev_and_its_floor():
     with pytest.raises(ValueError, match="at least 2"):
         mev(Moments.of_batch(iso[:1]))
     # identical occurrences (a [CLS] token at the input layer): nothing to explain, reported as None
-    assert mev(Moments.of_batch(np.tile(iso[:1], (5, 1)))) == {"m": 5, "mev": None, "mev_floor": 0.25,
-                                                                "mev_over_floor": None}
+    assert mev(Moments.of_batch(np.tile(iso[:1], (5, 1)))) == {
+        "m": 5,
+        "mev": None,
+        "mev_floor": 0.25,
+        "mev_over_floor": None,
+    }
 
 
 def token_corpus(seed=0, d=16):
@@ -93,8 +112,14 @@ def token_corpus(seed=0, d=16):
             words = rng.choice(list(word_vec), size=5 + sentence % 3)
             context = rng.normal(size=d)
             for w in words:
-                rows.append((layer, str(w), f"s{sentence}",
-                             lean * shared + word_vec[w] + (0.5 + layer) * context + 0.3 * rng.normal(size=d)))
+                rows.append(
+                    (
+                        layer,
+                        str(w),
+                        f"s{sentence}",
+                        lean * shared + word_vec[w] + (0.5 + layer) * context + 0.3 * rng.normal(size=d),
+                    )
+                )
     layers, words, sentences, vecs = zip(*rows)
     return np.array(layers), list(words), list(sentences), np.stack(vecs)
 
@@ -105,7 +130,7 @@ def test_report_against_brute_force():
     baselines = {r["layer"]: r["baseline"] for r in rep["layers"]}
     for layer, value in baselines.items():
         assert value == pytest.approx(brute_average_cosine(x[layers == layer]), abs=1e-12)
-    assert baselines[0] < baselines[1] < baselines[2]          # the cone tightens with depth
+    assert baselines[0] < baselines[1] < baselines[2]  # the cone tightens with depth
     words_arr, sentences_arr = np.array(words), np.array(sentences)
     for row in rep["words"]:
         occ = x[(layers == row["layer"]) & (words_arr == row["word"])]
@@ -145,8 +170,10 @@ def test_spark_matches_numpy(spark):
     from anisotropy_spark.contextual import contextual_dataframe
 
     layers, words, sentences, x = token_corpus(seed=3)
-    rows = [(int(i), int(layer), w, s, [float(v) for v in vec])
-            for i, (layer, w, s, vec) in enumerate(zip(layers, words, sentences, x))]
+    rows = [
+        (int(i), int(layer), w, s, [float(v) for v in vec])
+        for i, (layer, w, s, vec) in enumerate(zip(layers, words, sentences, x))
+    ]
     df = spark.createDataFrame(rows, "id long, layer int, word string, sentence string, vector array<double>")
     got = contextual_dataframe(df.repartition(3), "vector", x.shape[1])
     want = contextual_report(x, layers, words, sentences)
@@ -160,7 +187,9 @@ def test_spark_matches_numpy(spark):
                     assert g[key] == pytest.approx(value, abs=1e-10), (section, key)
                 else:
                     assert g[key] == value
-    assert [(r["layer"], r["word"]) for r in got["static_vectors"]] == [(r["layer"], r["word"]) for r in want["static_vectors"]]
+    assert [(r["layer"], r["word"]) for r in got["static_vectors"]] == [
+        (r["layer"], r["word"]) for r in want["static_vectors"]
+    ]
     for g, w in zip(got["static_vectors"], want["static_vectors"]):
         np.testing.assert_allclose(g["vector"], w["vector"], atol=1e-8)
     assert got["pooling"]["recommended_layer"] == want["pooling"]["recommended_layer"]
@@ -173,7 +202,7 @@ def test_spark_layer_baselines_only_with_empty_partitions(spark):
 
     layers, words, sentences, x = token_corpus(seed=5)
     rows = [(int(layer), [float(v) for v in vec]) for layer, vec in zip(layers[::20], x[::20])]
-    df = spark.createDataFrame(rows, "layer int, vector array<double>").repartition(12)   # some partitions empty
+    df = spark.createDataFrame(rows, "layer int, vector array<double>").repartition(12)  # some partitions empty
     got = contextual_dataframe(df, "vector", x.shape[1], word_col=None, sentence_col=None)
     want = contextual_report(x[::20], layers[::20], words[::20], sentences[::20])
     assert got["words"] == [] and got["sentences"] == []
@@ -191,10 +220,10 @@ def test_static_vector_points_toward_the_occurrences():
         occ = flip * (np.outer(2.0 + rng.normal(size=60), direction) + 0.05 * rng.normal(size=(60, 4)))
         u1 = static_vector(Moments.of_batch(occ))
         assert abs(abs(u1 @ direction) - 1) < 1e-3
-        assert u1 @ occ.mean(axis=0) > 0                             # toward the occurrences
+        assert u1 @ occ.mean(axis=0) > 0  # toward the occurrences
         np.testing.assert_allclose(static_vector(occ[:3]), static_vector(Moments.of_batch(occ[:3])), atol=1e-10)
         centred = occ - occ.mean(axis=0)
-        assert abs((centred @ u1).sum()) < 1e-10 * np.abs(centred @ u1).sum()   # the seed's rule has no sign
+        assert abs((centred @ u1).sum()) < 1e-10 * np.abs(centred @ u1).sum()  # the seed's rule has no sign
     assert static_vector(np.tile([1.0, 2.0, 3.0], (4, 1))) is None
 
 
@@ -220,7 +249,7 @@ def test_pooled_anisotropy_model_and_fingerprint():
     by_layer = {r["layer"]: r for r in report["layers"]}
     assert by_layer[1]["shared_over_idiosyncratic"] == pytest.approx(0.5, rel=0.1)
     assert by_layer[1]["token_baseline"] == pytest.approx(0.8, abs=0.02)
-    assert by_layer[1]["pooled_A"] > by_layer[1]["token_baseline"] + 0.1              # pooling amplifies
+    assert by_layer[1]["pooled_A"] > by_layer[1]["token_baseline"] + 0.1  # pooling amplifies
     assert by_layer[1]["predicted_pooled_A"] == pytest.approx(by_layer[1]["pooled_A"], abs=0.02)
-    assert by_layer[0]["u1_token_count_corr"] > 0.5                                   # the length fingerprint
-    assert report["recommended_layer"] == 1                                            # lowest pooled A above 0
+    assert by_layer[0]["u1_token_count_corr"] > 0.5  # the length fingerprint
+    assert report["recommended_layer"] == 1  # lowest pooled A above 0

@@ -1,4 +1,5 @@
 """The chapter-9 decision: every branch on synthetic clouds with known geometry, plus the guards."""
+
 import numpy as np
 import pytest
 
@@ -47,7 +48,7 @@ def test_offset_only_cloud_is_centred():
 
 
 def test_offset_within_threshold_is_left_alone_and_threshold_is_configurable():
-    r = diagnose(cone(N, D, offset=6.0, alpha=0.0, seed=1))          # A ≈ 2.8 isotropic SDs at d = 16
+    r = diagnose(cone(N, D, offset=6.0, alpha=0.0, seed=1))  # A ≈ 2.8 isotropic SDs at d = 16
     assert recommend(r).method == "none"
     assert recommend(r, thresholds=DecisionThresholds(offset_sigmas=2.0)).method == "center"
 
@@ -76,8 +77,12 @@ def test_steep_spectrum_names_whitening_k_as_an_unverified_candidate():
     k = rec.evidence["whitening_k"]
     share = np.cumsum(r["spectrum"]) / r["spectrum"].sum()
     assert share[k - 1] >= 0.95 > share[k - 2]
-    assert any(reason.startswith("steep spectrum") and f"whitening-k (k = {k})" in reason
-               and "unverified, not applied" in reason for reason in rec.reasons)
+    assert any(
+        reason.startswith("steep spectrum")
+        and f"whitening-k (k = {k})" in reason
+        and "unverified, not applied" in reason
+        for reason in rec.reasons
+    )
     shallow = recommend(r, thresholds=DecisionThresholds(steep_alpha=2.5))
     assert shallow.method == rec.method and any(reason.startswith("dominant directions") for reason in shallow.reasons)
 
@@ -91,7 +96,7 @@ def test_whitening_k_is_capped_by_rank():
 def test_mixture_gets_cluster_recentering_instead_of_global_abtt():
     X, _ = mixture(N, D, (0.5, 0.5), separation=8.0, seed=5)
     r = diagnose(X)
-    assert recommend(r).method != "abtt"              # issue 43: no global deletion without evidence
+    assert recommend(r).method != "abtt"  # issue 43: no global deletion without evidence
     rec = recommend(r, clusters_of(X, 2))
     assert rec.method == "cluster_recenter" and rec.k == 2
     assert rec.evidence["clusters_locally_isotropic"] is True
@@ -102,7 +107,7 @@ def test_unequal_mixture_is_caught_by_induced_anisotropy():
     """Seed 90/10 arithmetic: global centring leaves population B with induced A ≈ 0.81/1.81 ≈ 0.45."""
     X, _ = mixture(N, D, (0.9, 0.1), separation=6.0, seed=6)
     clusters = clusters_of(X, 2)
-    clusters = {**clusters, "locally_isotropic": False}        # isolate the second criterion
+    clusters = {**clusters, "locally_isotropic": False}  # isolate the second criterion
     rec = recommend(diagnose(X), clusters)
     assert rec.method == "cluster_recenter"
     assert rec.evidence["worst_induced_A"] >= 0.2 and "induced anisotropy" in rec.reasons[0]
@@ -135,7 +140,7 @@ def test_label_along_u1_warns_and_protects_the_direction():
 def test_length_artefact_supports_removal_only_with_its_null():
     X = pencil(N, D, length=5.0, seed=3) + 3.0
     r = diagnose(X)
-    token_count = np.exp(project_on_u1(X, r) / 5.0) * 40       # curved in the projection: Spearman ≈ 1
+    token_count = np.exp(project_on_u1(X, r) / 5.0) * 40  # curved in the projection: Spearman ≈ 1
     rec = recommend(r, artefact=sample_artefact_test(X, {"token_count": token_count}, r, ["token_count"], None))
     assert rec.method == "abtt" and rec.directions == [1] and rec.verified
     assert rec.evidence["D_rule"] == "artefact" and rec.evidence["candidate_D"] == [1]
@@ -143,7 +148,7 @@ def test_length_artefact_supports_removal_only_with_its_null():
     assert "token_count" in reason and "permutation-adjusted p = 0.001" in reason
     assert "no label column was given" in reason and "no label separates" not in reason
     legacy = recommend(r, artefact={"abs_corr": {"token_count": 0.78, "char_length": None}, "label_means": {}})
-    assert legacy.method == "center"                        # |corr| without a null is reported, not evidence
+    assert legacy.method == "center"  # |corr| without a null is reported, not evidence
     assert any("no permutation null was run" in reason and "not evidence" in reason for reason in legacy.reasons)
 
 
@@ -154,8 +159,9 @@ def test_small_sample_and_rank_collapse_warnings():
     assert any("rank collapse" in w for w in rec.warnings)
 
 
-@pytest.mark.parametrize("field,value", [("spike_top1", 1.5), ("whitening_variance", 0.0), ("max_D", -1),
-                                         ("steep_alpha", -0.1)])
+@pytest.mark.parametrize(
+    "field,value", [("spike_top1", 1.5), ("whitening_variance", 0.0), ("max_D", -1), ("steep_alpha", -0.1)]
+)
 def test_impossible_thresholds_are_reported_by_name(field, value):
     problems = DecisionThresholds(**{field: value}).check()
     assert len(problems) == 1 and field in problems[0]
@@ -172,7 +178,7 @@ def chapter9_like(seed=0):
 def test_artefact_u1_is_removed_by_abtt_never_whitening():
     r = diagnose(chapter9_like())
     assert r["power_law_alpha"] >= 1.5 and r["top1_var"] > 0.3
-    assert recommend(r).method == "center"                        # issue 43: steep, no artefact evidence
+    assert recommend(r).method == "center"  # issue 43: steep, no artefact evidence
     u1 = {"index": 1, "eigenvalue": float(r["spectrum"][0]), "abs_corr": {"token_count": 0.78}, "p_adjusted": 0.001}
     rec = recommend(r, artefact={"directions": [u1]})
     assert rec.method == "abtt" and rec.directions == [1] and rec.D == 1
@@ -185,15 +191,22 @@ def test_artefact_on_pc3_removes_pc3_only():
     X = np.random.default_rng(4).normal(size=(N, D))
     X[:, :3] *= [3.0, 2.5, 2.2]
     r = diagnose(X)
-    directions = [{"index": j, "eigenvalue": float(r["spectrum"][j - 1]), "label_separation": None,
-                   "abs_corr": {"word_frequency": corr}, "p_adjusted": p}
-                  for j, corr, p in ((1, 0.41, 0.01), (2, 0.05, 1.0), (3, 0.65, 0.001))]
+    directions = [
+        {
+            "index": j,
+            "eigenvalue": float(r["spectrum"][j - 1]),
+            "label_separation": None,
+            "abs_corr": {"word_frequency": corr},
+            "p_adjusted": p,
+        }
+        for j, corr, p in ((1, 0.41, 0.01), (2, 0.05, 1.0), (3, 0.65, 0.001))
+    ]
     rec = recommend(r, artefact={"directions": directions})
     assert rec.method == "abtt" and rec.directions == [3]
     assert any("u3 is an artefact" in reason and "word_frequency" in reason for reason in rec.reasons)
-    below_edge = [{**row, "index": 9} for row in directions[2:]]      # not above the MP edge: not evidence
+    below_edge = [{**row, "index": 9} for row in directions[2:]]  # not above the MP edge: not evidence
     assert recommend(r, artefact={"directions": below_edge}).directions is None
-    chance = [{**directions[2], "p_adjusted": 0.2}]                   # large |corr| the null does not support
+    chance = [{**directions[2], "p_adjusted": 0.2}]  # large |corr| the null does not support
     rec = recommend(r, artefact={"directions": chance})
     assert rec.method == "none" and any("p = 0.2 ≥ 0.05" in reason for reason in rec.reasons)
 
@@ -210,10 +223,10 @@ def test_label_direction_is_kept_out_of_a_non_contiguous_set():
     X = np.random.default_rng(4).normal(size=(N, D))
     X[:, :3] *= [3.0, 2.5, 2.2]
     r = diagnose(X)
-    directions = [{"index": 1, "abs_corr": {"len": 0.9}, "p_adjusted": 0.001, "label_separation": 2.0,
-                   "label_p_adjusted": 0.001},
-                  {"index": 3, "abs_corr": {"len": 0.9}, "p_adjusted": 0.001, "label_separation": 0.1,
-                   "label_p_adjusted": 0.9}]
+    directions = [
+        {"index": 1, "abs_corr": {"len": 0.9}, "p_adjusted": 0.001, "label_separation": 2.0, "label_p_adjusted": 0.001},
+        {"index": 3, "abs_corr": {"len": 0.9}, "p_adjusted": 0.001, "label_separation": 0.1, "label_p_adjusted": 0.9},
+    ]
     rec = recommend(r, artefact={"directions": directions})
     assert rec.method == "abtt" and rec.directions == [3]
     assert any("artefact and signal at once" in w and "u1" in w for w in rec.warnings)
@@ -221,14 +234,15 @@ def test_label_direction_is_kept_out_of_a_non_contiguous_set():
 
 def test_non_negative_data_measures_the_offset_from_the_sign_structure_null():
     from anisotropy_core.isotropy_measures import sign_structure_null
-    X = np.maximum(np.random.default_rng(9).normal(size=(N, 256)), 0.0)   # dense ReLU: A ≈ 1/π
+
+    X = np.maximum(np.random.default_rng(9).normal(size=(N, 256)), 0.0)  # dense ReLU: A ≈ 1/π
     r = diagnose(X)
     assert r["anisotropy_A"] == pytest.approx(1 / np.pi, abs=0.03)
-    assert recommend(r).method == "center"                               # measured from 0: a false offset
+    assert recommend(r).method == "center"  # measured from 0: a false offset
     null = sign_structure_null(X)
     assert null["regime"] == "dense"
     rec = recommend(r, A_sign_null=null["null"])
-    assert rec.method == "none" and rec.evidence["A_null"] == pytest.approx(1 / np.pi, abs=0.005)   # measured m²/s
+    assert rec.method == "none" and rec.evidence["A_null"] == pytest.approx(1 / np.pi, abs=0.005)  # measured m²/s
 
 
 def test_default_steep_alpha_follows_the_textbook():
@@ -243,7 +257,7 @@ def test_default_steep_alpha_follows_the_textbook():
 def test_healthy_spectrum_with_an_offset_is_centred_and_a_default_abtt_removes_at_most_d_over_100(d, alpha):
     X = cone(10 * d, d, offset=6.0, alpha=alpha, seed=d)
     r = diagnose(X)
-    assert r["mp_above_upper"] > max(1, round(d / 100))          # the MP count would delete many more
+    assert r["mp_above_upper"] > max(1, round(d / 100))  # the MP count would delete many more
     rec = recommend(r)
     assert rec.method in ("center", "none") and rec.directions is None and rec.verified
     assert rec.evidence["rule_of_thumb_D"] == max(1, round(d / 100))
@@ -259,9 +273,9 @@ def test_chapter7_ninety_ten_mixture_is_recentred_per_cluster():
     n, d = 4000, 64
     ids = (np.arange(n) >= 0.9 * n).astype(int)
     X = rng.normal(scale=1 / np.sqrt(d), size=(n, d))
-    X[:, 0] += ids                                              # ‖a − b‖ = 1
+    X[:, 0] += ids  # ‖a − b‖ = 1
     r = diagnose(X)
-    assert r["top1_var"] < DecisionThresholds().spike_top1     # not concentrated: the old gate skipped the check
+    assert r["top1_var"] < DecisionThresholds().spike_top1  # not concentrated: the old gate skipped the check
     clusters = cluster_diagnostics(cluster_moments(X, ids, 2))
     rec = recommend(r, clusters)
     assert rec.method == "cluster_recenter" and rec.k == 2 and rec.verified
@@ -278,7 +292,9 @@ def test_mixture_check_has_a_null_one_elongated_population_is_no_mixture():
 
     blob = pencil(1500, 8, length=2.0, seed=1) + 4.0
     _, clusters = mixture_check(blob, 8)
-    assert clusters["locally_isotropic"] or max(r["induced_A_global_centring"] or 0 for r in clusters["clusters"]) >= 0.2
+    assert (
+        clusters["locally_isotropic"] or max(r["induced_A_global_centring"] or 0 for r in clusters["clusters"]) >= 0.2
+    )
     assert clusters["mixture_p"] > 0.05
     rec = recommend(diagnose(blob), clusters)
     assert rec.method != "cluster_recenter" and "mixture null p" in rec.evidence["mixture_unverified"]

@@ -1,4 +1,5 @@
 """The demo's labelled query set: chapters counted from the ``Chapter N:`` headings in reading order."""
+
 import re
 
 import pyarrow.parquet as pq
@@ -7,8 +8,15 @@ from jobs.demo import CHAPTER_HEADING, DemoConfig, with_chapters
 
 
 def test_with_chapters_counts_the_headings_at_or_before_each_sentence(spark):
-    rows = [(5, "Chapter 2: Whitening"), (0, "A Title"), (3, "Another sentence."), (1, "Chapter 1: Geometry"),
-            (6, "After chapter 2."), (2, "First sentence."), (4, "Not a heading: Chapter 3: inside a line.")]
+    rows = [
+        (5, "Chapter 2: Whitening"),
+        (0, "A Title"),
+        (3, "Another sentence."),
+        (1, "Chapter 1: Geometry"),
+        (6, "After chapter 2."),
+        (2, "First sentence."),
+        (4, "Not a heading: Chapter 3: inside a line."),
+    ]
     corpus = spark.createDataFrame(rows, "sentence_id int, sentence string")
     chapters = {r["sentence_id"]: r["chapter"] for r in with_chapters(corpus).collect()}
     assert chapters == {0: 0, 1: 1, 2: 1, 3: 1, 4: 1, 5: 2, 6: 2}

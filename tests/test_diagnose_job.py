@@ -1,4 +1,5 @@
 """The Spark diagnosis job: equality with anisotropy_core, input types, bad input, outputs, scale."""
+
 import json
 import math
 
@@ -18,8 +19,17 @@ from anisotropy_spark.row_sample import RowSample
 from jobs import diagnose as job
 from jobs.config import ConfigError
 
-SCALARS = ["offset_ratio", "anisotropy_A", "top1_var", "top10_var", "effective_rank", "raw_top1_share",
-           "mp_upper", "erank_alpha", "mean_norm_ratio"]
+SCALARS = [
+    "offset_ratio",
+    "anisotropy_A",
+    "top1_var",
+    "top10_var",
+    "effective_rank",
+    "raw_top1_share",
+    "mp_upper",
+    "erank_alpha",
+    "mean_norm_ratio",
+]
 
 
 def corpus(n=400, d=12, seed=0):
@@ -64,7 +74,8 @@ def test_projection_dataframe_equals_numpy_with_chispa(spark):
     expected_proj = project_on_u1(X, diagnose(X))
     expected = spark.createDataFrame(
         [(i, float(tokens[i]), float(p)) for i, p in enumerate(expected_proj)],
-        f"id long, token_count double, {PROJECTION_COL} double")
+        f"id long, token_count double, {PROJECTION_COL} double",
+    )
     assert_approx_df_equality(actual, expected, precision=1e-10, ignore_nullable=True)
 
 
@@ -77,8 +88,18 @@ def test_job_end_to_end_writes_report_and_metrics(spark, tmp_path, capsys):
     X, tokens = corpus(n=300, d=8, seed=5)
     labels = np.where(X @ diagnose(X)["u1"] > X.mean(0) @ diagnose(X)["u1"], 1.0, 0.0)
     table = write_delta(spark, frame(spark, X, {"token_count": tokens, "label": labels}), str(tmp_path / "t"))
-    args = ["--input", table, "--metadata-cols", "[token_count]", "--label-col", "label",
-            "--output-dir", str(tmp_path / "out"), "--metrics-table", str(tmp_path / "metrics")]
+    args = [
+        "--input",
+        table,
+        "--metadata-cols",
+        "[token_count]",
+        "--label-col",
+        "label",
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--metrics-table",
+        str(tmp_path / "metrics"),
+    ]
     assert job.main(args) == 0
     printed = capsys.readouterr().out
     assert "anisotropy_A" in printed and "Is u1 an artefact" in printed
@@ -86,11 +107,11 @@ def test_job_end_to_end_writes_report_and_metrics(spark, tmp_path, capsys):
     want = diagnose(X)
     assert abs(report["metrics"]["anisotropy_A"] - want["anisotropy_A"]) < 1e-10
     sample_stage = next(stage for stage in report["stages"] if stage["name"] == "sample")
-    assert sample_stage["source"] == "moments pass" and report["sample_size"] == 300   # all 300 rows: size 2000
+    assert sample_stage["source"] == "moments pass" and report["sample_size"] == 300  # all 300 rows: size 2000
     assert report["input"] == {"path": table, "format": "delta", "version": 0}
     expected_corr = abs(np.corrcoef(project_on_u1(X, want), tokens)[0, 1])
     assert abs(report["artefact"]["abs_corr"]["token_count"] - expected_corr) < 1e-9
-    assert set(report["artefact"]["label_means"]) == {"0.0", "1.0"}       # the label column travels with the sample
+    assert set(report["artefact"]["label_means"]) == {"0.0", "1.0"}  # the label column travels with the sample
     assert report["artefact"]["directions"][0]["label_p_adjusted"] is not None
     assert job.main(args) == 0  # a second night appends a second row
     metrics = spark.read.format("delta").load(str(tmp_path / "metrics"))
@@ -114,8 +135,9 @@ def test_the_diagnosis_report_serialises_to_plain_json_without_its_sample(spark,
     in-memory entry (the driver sample stays a typed field), only JSON types, and it is what the job writes."""
     X, tokens = corpus(n=120, d=6, seed=2)
     table = write_delta(spark, frame(spark, X, {"token_count": tokens}), str(tmp_path / "t"))
-    config = job.DiagnoseConfig(input=table, metadata_cols=["token_count"], output_dir=str(tmp_path / "out"),
-                                metrics_table=None)
+    config = job.DiagnoseConfig(
+        input=table, metadata_cols=["token_count"], output_dir=str(tmp_path / "out"), metrics_table=None
+    )
     result = job.run_diagnosis(spark, config)
     assert isinstance(result, job.DiagnosisReport) and result.sample.vectors.shape == (120, 6)
     assert set(result.sample.metadata) == {"token_count"} and result.diagnosis.n == 120
@@ -131,8 +153,14 @@ def test_the_diagnosis_report_serialises_to_plain_json_without_its_sample(spark,
 def bad_rows_frame(spark):
     rng = np.random.default_rng(9)
     rows = [(i, [float(x) for x in rng.normal(size=4) + 2]) for i in range(50)]
-    rows += [(100, None), (101, [1.0, 2.0, 3.0]), (102, [1.0, float("nan"), 0.0, 1.0]),
-             (103, [float("inf"), 0.0, 0.0, 1.0]), (104, [0.0, 0.0, 0.0, 0.0]), (None, [1.0, 1.0, 1.0, 1.0])]
+    rows += [
+        (100, None),
+        (101, [1.0, 2.0, 3.0]),
+        (102, [1.0, float("nan"), 0.0, 1.0]),
+        (103, [float("inf"), 0.0, 0.0, 1.0]),
+        (104, [0.0, 0.0, 0.0, 0.0]),
+        (None, [1.0, 1.0, 1.0, 1.0]),
+    ]
     return spark.createDataFrame(rows, "id long, vector array<double>")
 
 
@@ -147,13 +175,30 @@ def test_bad_rows_raise_with_reasons_and_sample_ids(spark):
 
 def test_bad_rows_quarantined_and_counted(spark, tmp_path):
     table = write_delta(spark, bad_rows_frame(spark), str(tmp_path / "bad"))
-    args = ["--input", table, "--on-invalid", "quarantine", "--quarantine-path", str(tmp_path / "q"),
-            "--output-dir", str(tmp_path / "out"), "--metrics-table", "null", "--metadata-cols", "[]"]
+    args = [
+        "--input",
+        table,
+        "--on-invalid",
+        "quarantine",
+        "--quarantine-path",
+        str(tmp_path / "q"),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--metrics-table",
+        "null",
+        "--metadata-cols",
+        "[]",
+    ]
     assert job.main(args) == 0
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["invalid_rows"] == 6 and report["metrics"]["n"] == 50
-    assert report["invalid_by_reason"] == {"null_vector": 1, "wrong_dimension:3": 1, "non_finite": 2,
-                                           "zero_norm": 1, "null_id": 1}
+    assert report["invalid_by_reason"] == {
+        "null_vector": 1,
+        "wrong_dimension:3": 1,
+        "non_finite": 2,
+        "zero_norm": 1,
+        "null_id": 1,
+    }
     quarantined = spark.read.format("delta").load(str(tmp_path / "q"))
     assert quarantined.count() == 6 and "invalid_reason" in quarantined.columns
     assert np.isfinite(report["metrics"]["anisotropy_A"])
@@ -164,16 +209,26 @@ def test_validation_pass_is_the_moments_pass(spark, tmp_path, duplicated):
     """``with_moments``: the same counts, quarantine and valid rows as the counting pass, plus the exact moments
     of the valid rows (recomputed when a duplicated id takes rows out after the pass)."""
     df = bad_rows_frame(spark)
-    if duplicated:   # a second copy of id 7: both copies leave the valid rows
+    if duplicated:  # a second copy of id 7: both copies leave the valid rows
         df = df.unionByName(spark.createDataFrame([(7, [9.0, 9.0, 9.0, 9.0])], df.schema))
     plain = validate(df, "vector", "id", 4, "quarantine", str(tmp_path / "plain"))
-    fused = validate(df, "vector", "id", 4, "quarantine", str(tmp_path / "fused"), with_moments=True,
-                     sample=RowSample(size=20, total=df.count(), columns=("id",)))
+    fused = validate(
+        df,
+        "vector",
+        "id",
+        4,
+        "quarantine",
+        str(tmp_path / "fused"),
+        with_moments=True,
+        sample=RowSample(size=20, total=df.count(), columns=("id",)),
+    )
     assert plain.moments is None and plain.drawn is None
     assert (fused.invalid_count, fused.invalid_by_reason) == (plain.invalid_count, plain.invalid_by_reason)
     assert fused.invalid_count == 6 + 2 * duplicated
-    quarantined = [sorted(r["id"] or -1 for r in spark.read.format("delta").load(str(tmp_path / name)).collect())
-                   for name in ("plain", "fused")]
+    quarantined = [
+        sorted(r["id"] or -1 for r in spark.read.format("delta").load(str(tmp_path / name)).collect())
+        for name in ("plain", "fused")
+    ]
     assert quarantined[0] == quarantined[1]
     valid = {r["id"]: r["vector"] for r in fused.valid.collect()}
     assert sorted(valid) == sorted(r["id"] for r in plain.valid.collect()) and (7 in valid) != duplicated
@@ -182,9 +237,9 @@ def test_validation_pass_is_the_moments_pass(spark, tmp_path, duplicated):
     assert np.allclose(fused.moments.mean, X.mean(axis=0), rtol=1e-12, atol=1e-12)
     centred = X - X.mean(axis=0)
     assert np.allclose(fused.moments.comoment, centred.T @ centred, rtol=1e-10, atol=1e-10)
-    if duplicated:      # the rows drawn may hold a copy of id 7: the job then samples in a pass of its own
+    if duplicated:  # the rows drawn may hold a copy of id 7: the job then samples in a pass of its own
         assert fused.drawn is None
-    else:               # fraction 1.5 · 20 / 56: about 27 of the 50 valid rows, and only valid rows
+    else:  # fraction 1.5 · 20 / 56: about 27 of the 50 valid rows, and only valid rows
         drawn = fused.drawn.to_pylist()
         assert 10 <= len(drawn) <= 45 and all(row["vector"] == valid[row["id"]] for row in drawn)
 
@@ -194,8 +249,9 @@ def test_sample_drawn_in_the_moments_pass_is_uniform_and_fixed_for_a_seed(spark)
     order although 64 partitions make ``treeReduce`` shuffle the states once, the same rows for the same seed and
     partitioning, other rows for another seed; too few rows drawn → a pass of its own."""
     rng = np.random.default_rng(12)
-    df = spark.createDataFrame([(i, [float(x) for x in rng.normal(size=4) + 3]) for i in range(4000)],
-                               "id long, vector array<double>").repartition(64, "id")
+    df = spark.createDataFrame(
+        [(i, [float(x) for x in rng.normal(size=4) + 3]) for i in range(4000)], "id long, vector array<double>"
+    ).repartition(64, "id")
 
     def drawn(seed):
         spec = RowSample(size=400, total=4000, seed=seed, columns=("id",))
@@ -204,7 +260,7 @@ def test_sample_drawn_in_the_moments_pass_is_uniform_and_fixed_for_a_seed(spark)
     first, again, other = drawn(3), drawn(3), drawn(4)
     assert first.equals(again) and not first.equals(other)
     ids = np.array(first.column("id").to_pylist())
-    assert 450 <= ids.size <= 750                                     # 600 expected (sd 23)
+    assert 450 <= ids.size <= 750  # 600 expected (sd 23)
     assert abs(ids.mean() - 1999.5) < 250 and ids.min() < 400 and ids.max() > 3600
     partition_of = dict(df.rdd.mapPartitionsWithIndex(lambda i, rows: ((row["id"], i) for row in rows)).collect())
     order = [partition_of[i] for i in ids]
@@ -217,8 +273,9 @@ def test_sample_drawn_in_the_moments_pass_is_uniform_and_fixed_for_a_seed(spark)
 
 def test_dimension_inferred_as_most_common_length(spark):
     assert infer_dimension(bad_rows_frame(spark), "vector") == 4
-    tie = spark.createDataFrame([(1, [1.0] * 3), (2, [1.0] * 5), (3, None), (4, [2.0] * 3), (5, [2.0] * 5)],
-                                "id long, vector array<double>")
+    tie = spark.createDataFrame(
+        [(1, [1.0] * 3), (2, [1.0] * 5), (3, None), (4, [2.0] * 3), (5, [2.0] * 5)], "id long, vector array<double>"
+    )
     assert infer_dimension(tie, "vector") == 5 and infer_dimension(tie, "vector", rows=1) == 3
 
 
@@ -259,12 +316,20 @@ def test_parquet_table_200k_by_384(spark, tmp_path):
     means = rng.normal(size=d).astype(np.float32) * 2
     per_file = n // 4
     for part in range(4):
-        block = (rng.normal(size=(per_file, d)).astype(np.float32) * 0.5 + means)
+        block = rng.normal(size=(per_file, d)).astype(np.float32) * 0.5 + means
         vectors = pa.FixedSizeListArray.from_arrays(pa.array(block.ravel()), d).cast(pa.list_(pa.float32()))
         ids = pa.array(np.arange(part * per_file, (part + 1) * per_file, dtype=np.int64))
         pq.write_table(pa.table({"id": ids, "vector": vectors}), path / f"part-{part}.parquet")
-    args = ["--input", str(path), "--output-dir", str(tmp_path / "out"), "--metrics-table", "null",
-            "--metadata-cols", "[]"]
+    args = [
+        "--input",
+        str(path),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--metrics-table",
+        "null",
+        "--metadata-cols",
+        "[]",
+    ]
     assert job.main(args) == 0
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     m = report["metrics"]
@@ -281,8 +346,18 @@ def test_per_cluster_table_shows_local_isotropy(spark, tmp_path):
     centres = np.repeat([[2.0, 0, 0], [-2.0, 0, 0]], 150, axis=0) + 10.0
     X = centres + 0.5 * rng.normal(size=centres.shape)
     table = write_delta(spark, frame(spark, X), str(tmp_path / "mix"))
-    args = ["--input", table, "--cluster-k", "2", "--output-dir", str(tmp_path / "out"),
-            "--metrics-table", "null", "--metadata-cols", "[]"]
+    args = [
+        "--input",
+        table,
+        "--cluster-k",
+        "2",
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--metrics-table",
+        "null",
+        "--metadata-cols",
+        "[]",
+    ]
     assert job.main(args) == 0
     per_cluster = json.loads((tmp_path / "out" / "report.json").read_text())["per_cluster"]
     assert per_cluster["locally_isotropic"] is True
@@ -340,16 +415,20 @@ def test_per_direction_artefact_recommendation_evaluation_and_html(spark, tmp_pa
     rng = np.random.default_rng(11)
     n, d = 600, 8
     X = rng.normal(size=(n, d)) * [4.0, 3.5, 3.0, 1, 1, 1, 1, 1] + 4.0
-    frequency = X[:, 2] * 5 + 50 + rng.normal(scale=0.5, size=n)          # planted on PC3, not on PC1
+    frequency = X[:, 2] * 5 + 50 + rng.normal(scale=0.5, size=n)  # planted on PC3, not on PC1
     table = write_delta(spark, frame(spark, X, {"frequency": frequency}), str(tmp_path / "t"))
-    queries = [(int(i), [float(v) for v in X[i]], [int(j) for j in range(n) if j != i and (X[j, 0] > 4) == (X[i, 0] > 4)])
-               for i in range(0, n, 20)]
+    queries = [
+        (int(i), [float(v) for v in X[i]], [int(j) for j in range(n) if j != i and (X[j, 0] > 4) == (X[i, 0] > 4)])
+        for i in range(0, n, 20)
+    ]
     qpath = str(tmp_path / "queries")
     spark.createDataFrame(queries, "query_id long, vector array<double>, relevant array<long>").write.parquet(qpath)
     conf = tmp_path / "diagnose.yaml"
-    conf.write_text(f"input: {table}\nmetadata_cols: [frequency]\ncluster_k: 2\nartefact_directions: 4\n"
-                    f"output_dir: {tmp_path / 'out'}\nmetrics_table: null\n"
-                    f"evaluation:\n  queries: {qpath}\n  exclude_self: true\n  k: 5\n")
+    conf.write_text(
+        f"input: {table}\nmetadata_cols: [frequency]\ncluster_k: 2\nartefact_directions: 4\n"
+        f"output_dir: {tmp_path / 'out'}\nmetrics_table: null\n"
+        f"evaluation:\n  queries: {qpath}\n  exclude_self: true\n  k: 5\n"
+    )
     assert job.main(["--conf", str(conf)]) == 0
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     directions = report["artefact"]["directions"]
@@ -360,7 +439,7 @@ def test_per_direction_artefact_recommendation_evaluation_and_html(spark, tmp_pa
         assert row["abs_corr"]["frequency"] == pytest.approx(abs(np.corrcoef(proj[:, j], frequency)[0, 1]), abs=1e-9)
         assert row["eigenvalue"] == pytest.approx(want["spectrum"][j], rel=1e-10)
     assert directions[2]["abs_corr"]["frequency"] > 0.9 > 0.2 > directions[0]["abs_corr"]["frequency"]
-    assert report["artefact"]["abs_corr"] == directions[0]["abs_corr"]                 # u1 entries as before
+    assert report["artefact"]["abs_corr"] == directions[0]["abs_corr"]  # u1 entries as before
     # issue 43: the test ran on the driver sample with a permutation null; only PC3 is significant
     assert [row["significant"] for row in directions] == [False, False, True, False]
     assert directions[2]["p_adjusted"] == pytest.approx(0.001) and report["artefact"]["null"]["sample_size"] == n
@@ -373,21 +452,26 @@ def test_per_direction_artefact_recommendation_evaluation_and_html(spark, tmp_pa
     assert rec["method"] == "abtt" and rec["directions"] == [3] and rec["verified"]
     evaluation = report["evaluation"]
     names = set(evaluation["candidates"])
-    assert {"none", "center", "abtt D=1", "abtt [3]"} <= names                # d/100 → D = 1, the artefact set [3]
+    assert {"none", "center", "abtt D=1", "abtt [3]"} <= names  # d/100 → D = 1, the artefact set [3]
     assert {n.split(" ")[0] for n in names} == {"none", "center", "abtt", "whitening", "abtt+whitening"}
     assert evaluation["raw"] == evaluation["candidates"]["none"] and evaluation["metric"] == "ndcg@5"
     assert evaluation["fitted"]["abtt [3]"]["directions"] == [3] and evaluation["queries"] == len(queries)
     assert evaluation["fitted"]["abtt [3]"]["origin"] == ["artefact", "recommendation"]
     # the best on the selection half; chosen only when its interval against raw clears min_gain (else raw)
     assert evaluation["best"] == max(evaluation["selection"], key=lambda c: evaluation["selection"][c]["ndcg@5"])
-    assert evaluation["chosen"] in (evaluation["best"], "none") and evaluation["decision"]["candidate"] == evaluation["chosen"]
+    assert (
+        evaluation["chosen"] in (evaluation["best"], "none")
+        and evaluation["decision"]["candidate"] == evaluation["chosen"]
+    )
     assert all("delta_vs_raw" in evaluation["intervals"][name] for name in names)
     assert 0 <= evaluation["candidates"]["none"]["recall@5"] <= 1
     assert report["power_law_range"][0] == 1
     markdown = (tmp_path / "out" / "report.md").read_text()
-    assert f"## Verdict: {rec['method']}" in markdown and "| u3 |" in markdown and "**" + evaluation["chosen"] in markdown
+    assert (
+        f"## Verdict: {rec['method']}" in markdown and "| u3 |" in markdown and "**" + evaluation["chosen"] in markdown
+    )
     page = PageStructure((tmp_path / "out" / "report.html").read_text())
-    assert page.sections == ["verdict", "numbers", "clusters", "plots"]          # the verdict comes first
+    assert page.sections == ["verdict", "numbers", "clusters", "plots"]  # the verdict comes first
     assert rec["method"] in "".join(page.texts[:40]) and any(rec["reasons"][0] in t for t in page.texts[:60])
     candidates = page.tables["candidates"]
     assert candidates[0] == ["candidate", "ndcg@5", "recall@5"] and len(candidates) == 1 + len(names)

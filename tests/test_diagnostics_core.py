@@ -1,10 +1,10 @@
 """Golden numbers of seed chapters 1 and 9, and the numerics of the mergeable moments."""
+
 import numpy as np
 import pytest
 
 from anisotropy_core import Moments, artefact_test, diagnose
-from anisotropy_core.diagnostics import (
-    effective_rank, marchenko_pastur_edges, power_law_fit, project_on_u1)
+from anisotropy_core.diagnostics import effective_rank, marchenko_pastur_edges, power_law_fit, project_on_u1
 from anisotropy_core.moments import InvalidVectorsError
 from anisotropy_core.synthetic import power_law
 
@@ -34,8 +34,8 @@ def test_six_vectors_every_longhand_number():
     unit = SIX / np.linalg.norm(SIX, axis=1, keepdims=True)
     cos = unit @ unit.T
     pair_sum = cos.sum() - np.trace(cos)
-    assert abs(pair_sum / 30 - r["anisotropy_A"]) < 1e-12   # brute force == identity, to machine precision
-    assert abs(pair_sum - 26.769756) < 5e-5                  # the seed's longhand sum (rounded inputs)
+    assert abs(pair_sum / 30 - r["anisotropy_A"]) < 1e-12  # brute force == identity, to machine precision
+    assert abs(pair_sum - 26.769756) < 5e-5  # the seed's longhand sum (rounded inputs)
     proj = project_on_u1(SIX, r)
     np.testing.assert_allclose(np.abs(proj), [0.577350] * 4 + [1.154701] * 2, atol=1e-6)
     art = artefact_test(proj, {"length": SIX_LENGTHS, "constant": np.ones(6)}, labels=np.array(list("aaaabc")))
@@ -77,10 +77,10 @@ def test_marchenko_pastur_worked_example_and_simulation():
     assert abs(upper - 1.937) < 1e-3 and abs(lower - 0.370) < 1e-3
     rng = np.random.default_rng(7)
     r = diagnose(rng.normal(size=(5000, 768)))
-    assert abs(r["spectrum"][0] - 1.937) < 0.03     # seed's simulation: 1.934
-    assert abs(r["spectrum"][-1] - 0.370) < 0.03    # seed's simulation: 0.367
-    assert r["mp_above_upper"] <= 2                 # pure noise: essentially nothing above the edge
-    assert abs(r["effective_rank"] - 711) < 5       # seed: 711 at n = 5000
+    assert abs(r["spectrum"][0] - 1.937) < 0.03  # seed's simulation: 1.934
+    assert abs(r["spectrum"][-1] - 0.370) < 0.03  # seed's simulation: 0.367
+    assert r["mp_above_upper"] <= 2  # pure noise: essentially nothing above the edge
+    assert abs(r["effective_rank"] - 711) < 5  # seed: 711 at n = 5000
 
 
 def test_moments_merge_is_exact_for_huge_offsets():
@@ -121,7 +121,7 @@ def test_batch_moments_match_the_textbook_forms_and_leave_the_input_alone():
         np.testing.assert_allclose(state.mean, x.mean(axis=0), rtol=1e-14)
         np.testing.assert_allclose(state.sum_unit, (x / norms[:, None]).sum(axis=0), rtol=1e-13)
         assert state.sum_norm == pytest.approx(norms.sum(), rel=1e-14)
-        reference = np.cov(x.T, bias=True) * 257                      # float64 two-pass
+        reference = np.cov(x.T, bias=True) * 257  # float64 two-pass
         assert np.linalg.norm(state.comoment - reference) <= 1e-13 * np.linalg.norm(reference)
         np.testing.assert_array_equal(state.comoment, state.comoment.T)
 
@@ -133,7 +133,9 @@ def test_merge_order_and_wire_format():
     left, right = a.merge(b).merge(c), a.merge(b.merge(c))
     np.testing.assert_allclose(left.comoment, right.comoment, rtol=1e-12)
     back = Moments.from_bytes(left.to_bytes())
-    assert back.n == 300 and np.array_equal(back.comoment, left.comoment) and np.array_equal(back.sum_unit, left.sum_unit)
+    assert (
+        back.n == 300 and np.array_equal(back.comoment, left.comoment) and np.array_equal(back.sum_unit, left.sum_unit)
+    )
     assert Moments.empty(5).merge(a) is a and a.merge(Moments.empty(5)) is a
     with pytest.raises(ValueError, match="dimension"):
         a.merge(Moments.empty(4))
@@ -143,9 +145,25 @@ def test_report_has_every_key_and_rank_collapse():
     rng = np.random.default_rng(2)
     X = rng.normal(size=(500, 3)) @ rng.normal(size=(3, 10))  # rank 3 in 10 dimensions
     r = diagnose(X)
-    for key in ["n", "d", "offset_ratio", "anisotropy_A", "isotropic_sd", "top1_var", "top10_var",
-                "effective_rank", "erank_frac", "spectrum", "raw_top1_share", "numerical_rank",
-                "mp_lower", "mp_upper", "mp_above_upper", "power_law_alpha", "u1"]:
+    for key in [
+        "n",
+        "d",
+        "offset_ratio",
+        "anisotropy_A",
+        "isotropic_sd",
+        "top1_var",
+        "top10_var",
+        "effective_rank",
+        "erank_frac",
+        "spectrum",
+        "raw_top1_share",
+        "numerical_rank",
+        "mp_lower",
+        "mp_upper",
+        "mp_above_upper",
+        "power_law_alpha",
+        "u1",
+    ]:
         assert key in r
     assert r["numerical_rank"] == 3
     assert r["spectrum"].shape == (10,) and np.all(np.diff(r["spectrum"]) <= 0)
@@ -166,12 +184,15 @@ def test_raw_second_moment_sees_the_offset():
     assert r["raw_top1_share"] > 0.8 and r["top1_var"] < 0.1
 
 
-@pytest.mark.parametrize("bad, message", [
-    (np.array([[1.0, np.nan], [1.0, 2.0]]), "non-finite"),
-    (np.array([[0.0, 0.0], [1.0, 2.0]]), "zero-length"),
-    (np.array([[1.0, 2.0], [1.0, np.inf], [1.0, 1.0]]), "non-finite value in batch row 1"),
-    (np.array([[1.0, 2.0], [3e154, 1.0], [1.0, 1.0]]), "squared length overflows float64 in batch row 1"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (np.array([[1.0, np.nan], [1.0, 2.0]]), "non-finite"),
+        (np.array([[0.0, 0.0], [1.0, 2.0]]), "zero-length"),
+        (np.array([[1.0, 2.0], [1.0, np.inf], [1.0, 1.0]]), "non-finite value in batch row 1"),
+        (np.array([[1.0, 2.0], [3e154, 1.0], [1.0, 1.0]]), "squared length overflows float64 in batch row 1"),
+    ],
+)
 def test_bad_batches_are_named(bad, message):
     with pytest.raises(InvalidVectorsError, match=message):
         Moments.of_batch(bad)
@@ -220,16 +241,15 @@ def test_power_law_alpha_of_gaussian_clouds_is_within_008(n, d, alpha):
 
 def test_healthy_and_spiked_spectra_are_not_steep():
     from anisotropy_core.decision import DecisionThresholds, recommend
+
     steep = DecisionThresholds().steep_alpha
     assert diagnose(power_law_cloud(1300, 384, 0.8, seed=1))["power_law_alpha"] < steep
     spike = np.random.default_rng(2).normal(size=(2000, 64))
-    spike[:, 0] *= 6.0                                       # one spike over a flat bulk
+    spike[:, 0] *= 6.0  # one spike over a flat bulk
     r = diagnose(spike)
     assert r["mp_above_upper"] == 1 and not r["power_law_alpha"] >= steep
-    rec = recommend(r)                                       # issue 43: a spike is a candidate, not evidence
+    rec = recommend(r)  # issue 43: a spike is a candidate, not evidence
     assert rec.method == "none" and any(reason.startswith("dominant directions") for reason in rec.reasons)
-
-
 
 
 def test_chapter2_three_tokens_softmax_gauge_and_spectrum():
@@ -279,7 +299,7 @@ def test_chapter3_spectrum_table_raw_centred_abtt():
     after = diagnose(fit_abtt(Moments.of_batch(CAT_DOG_CAR_TRUCK), D=1).apply(CAT_DOG_CAR_TRUCK))
     assert after["top1_var"] == pytest.approx(0.996, abs=5e-4)
     assert after["effective_rank"] == pytest.approx(1.02, abs=5e-3)
-    assert after["anisotropy_A"] == pytest.approx(-0.333323, abs=5e-6)   # the chapter: −0.333323, not −1/3
+    assert after["anisotropy_A"] == pytest.approx(-0.333323, abs=5e-6)  # the chapter: −0.333323, not −1/3
 
 
 def test_chapter9_A_in_isotropic_standard_deviations():
@@ -292,8 +312,17 @@ def test_chapter9_A_in_isotropic_standard_deviations():
     metrics.update(anisotropy_A=A, isotropic_sd=1 / np.sqrt(768))
     from anisotropy_core.decision import recommend
 
-    result = {"metrics": metrics, "input": {"path": "t", "version": None}, "run_id": "r", "created_at": "now",
-              "invalid_rows": 0, "artefact": {"abs_corr": {}, "label_means": {}}, "per_cluster": None,
-              "sample_size": 6, "recommendation": recommend(diagnose(SIX)).to_dict(), "power_law_range": [1, 0]}
+    result = {
+        "metrics": metrics,
+        "input": {"path": "t", "version": None},
+        "run_id": "r",
+        "created_at": "now",
+        "invalid_rows": 0,
+        "artefact": {"abs_corr": {}, "label_means": {}},
+        "per_cluster": None,
+        "sample_size": 6,
+        "recommendation": recommend(diagnose(SIX)).to_dict(),
+        "power_law_range": [1, 0],
+    }
     # the null A is measured from is 0 here (A_sign_null = 0: sign-symmetric data)
     assert "A is 24.7 isotropic standard deviations above its null 0." in markdown_summary(result)

@@ -1,4 +1,5 @@
 """Spark Estimators/Model vs the numpy core, persistence, errors and Pipeline use."""
+
 import json
 
 import numpy as np
@@ -11,8 +12,14 @@ from anisotropy_core import synthetic
 from anisotropy_core.artifact import ArtifactError, load_artifact
 from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import APPLY_BLOCK_ROWS, fit_abtt, fit_center, fit_whitening
-from anisotropy_spark.estimators import (AbttPcaAbttEstimator, AllButTheTopEstimator, CenterEstimator,
-                                         CorrectionModel, FlowEstimator, WhiteningEstimator)
+from anisotropy_spark.estimators import (
+    AbttPcaAbttEstimator,
+    AllButTheTopEstimator,
+    CenterEstimator,
+    CorrectionModel,
+    FlowEstimator,
+    WhiteningEstimator,
+)
 from anisotropy_spark.kmeans import ClusterRecenterEstimator
 from anisotropy_spark.moments import corpus_moments
 
@@ -40,17 +47,20 @@ def expected_frame(spark, ids, matrix):
     return spark.createDataFrame(rows, "id long, pos int, value double")
 
 
-@pytest.mark.parametrize("estimator,numpy_fit", [
-    (CenterEstimator(), fit_center),
-    (AllButTheTopEstimator(D=2), lambda s: fit_abtt(s, D=2)),
-    (WhiteningEstimator(k=5, shrinkage=0.05), lambda s: fit_whitening(s, k=5, shrinkage=0.05)),
-])
+@pytest.mark.parametrize(
+    "estimator,numpy_fit",
+    [
+        (CenterEstimator(), fit_center),
+        (AllButTheTopEstimator(D=2), lambda s: fit_abtt(s, D=2)),
+        (WhiteningEstimator(k=5, shrinkage=0.05), lambda s: fit_whitening(s, k=5, shrinkage=0.05)),
+    ],
+)
 def test_spark_matches_numpy(spark, data, frame, estimator, numpy_fit):
     model = estimator.fit(frame)
     reference = numpy_fit(Moments.of_batch(data))
     for name, array in reference.arrays().items():
         got = model.transform_.arrays()[name]
-        if name in ("components", "matrix"):       # eigenvectors only up to sign: compare per column/row
+        if name in ("components", "matrix"):  # eigenvectors only up to sign: compare per column/row
             axis = 1 if name == "components" else 0
             signs = np.sign(np.sum(got * array, axis=axis, keepdims=True))
             got = got * signs
@@ -58,13 +68,20 @@ def test_spark_matches_numpy(spark, data, frame, estimator, numpy_fit):
     out = model.transform(frame)
     assert out.columns == ["id", "title", "vector", "corrected"]
     actual = long_format(out, "corrected")
-    expected = expected_frame(spark, np.arange(N), model.transform_.apply(data))   # Spark path vs numpy
+    expected = expected_frame(spark, np.arange(N), model.transform_.apply(data))  # Spark path vs numpy
     assert_approx_df_equality(actual, expected, precision=1e-9, ignore_row_order=True, ignore_nullable=True)
     assert np.allclose(model.transform_.apply(data), reference.apply(data), rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("estimator", [CenterEstimator(), AllButTheTopEstimator(D=2),
-                                       WhiteningEstimator(k=5, shrinkage=0.05), AbttPcaAbttEstimator(D=1, k=6)])
+@pytest.mark.parametrize(
+    "estimator",
+    [
+        CenterEstimator(),
+        AllButTheTopEstimator(D=2),
+        WhiteningEstimator(k=5, shrinkage=0.05),
+        AbttPcaAbttEstimator(D=1, k=6),
+    ],
+)
 def test_fit_moments_is_fit_without_the_pass(frame, estimator):
     """The nightly fits from its diagnosis's moments: the same transform, array for array, and the same Params."""
     by_rows = estimator.copy().setOutputCol("out").fit(frame)
@@ -90,11 +107,13 @@ def test_fit_with_moments_takes_the_moments_only_where_they_determine_the_fit(fr
     n < d) — the model ``fit`` gives either way."""
     state = corpus_moments(frame, "vector", D)
     abtt = AllButTheTopEstimator(D=2)
-    assert np.array_equal(abtt.fitWithMoments(frame, state).transform_.arrays()["components"],
-                          abtt.fitMoments(state).transform_.arrays()["components"])
+    assert np.array_equal(
+        abtt.fitWithMoments(frame, state).transform_.arrays()["components"],
+        abtt.fitMoments(state).transform_.arrays()["components"],
+    )
     assert abtt.fitWithMoments(frame, None).transform_version == abtt.fit(frame).transform_version
     few = frame.limit(5)
-    assert abtt.fitWithMoments(few, corpus_moments(few, "vector", D)).n == 5     # n < d: the Gram route, no raise
+    assert abtt.fitWithMoments(few, corpus_moments(few, "vector", D)).n == 5  # n < d: the Gram route, no raise
     recenter = ClusterRecenterEstimator(k=2, seed=1)
     assert recenter.fitWithMoments(frame, state).transform_version == recenter.fit(frame).transform_version
 
@@ -133,22 +152,27 @@ def test_save_load_roundtrip_and_tamper(spark, frame, tmp_path):
 def test_dimension_mismatch_is_refused(spark, frame):
     model = CenterEstimator().fit(frame)
     other = spark.createDataFrame([(1, [1.0, 2.0, 3.0])], "id long, vector array<double>")
-    planned = model.transform(other)                                      # lazy: fails when an action runs
+    planned = model.transform(other)  # lazy: fails when an action runs
     with pytest.raises(Exception, match="has length 3, expected 12"):
         planned.collect()
 
 
 def test_non_finite_row_is_named(spark, frame):
     model = CenterEstimator().fit(frame)
-    bad = spark.createDataFrame([(7, "x", [float("nan")] + [1.0] * (D - 1))],
-                                "id long, title string, vector array<double>")
+    bad = spark.createDataFrame(
+        [(7, "x", [float("nan")] + [1.0] * (D - 1))], "id long, title string, vector array<double>"
+    )
     with pytest.raises(Exception, match=r"non-finite input value at row 0, column 0.*'id': 7"):
         model.transform(bad).collect()
 
 
 def test_pipeline_fit_transform_save_load(spark, frame, tmp_path):
-    pipeline = Pipeline(stages=[AllButTheTopEstimator(D=1, outputCol="abtt"),
-                                WhiteningEstimator(inputCol="abtt", outputCol="white", k=6)])
+    pipeline = Pipeline(
+        stages=[
+            AllButTheTopEstimator(D=1, outputCol="abtt"),
+            WhiteningEstimator(inputCol="abtt", outputCol="white", k=6),
+        ]
+    )
     fitted = pipeline.fit(frame)
     out = fitted.transform(frame)
     assert out.columns == ["id", "title", "vector", "abtt", "white"]
@@ -157,8 +181,13 @@ def test_pipeline_fit_transform_save_load(spark, frame, tmp_path):
     fitted.write().overwrite().save(str(tmp_path / "pm"))
     reloaded = PipelineModel.load(str(tmp_path / "pm"))
     assert [type(s).__name__ for s in reloaded.stages] == ["AllButTheTopModel", "WhiteningModel"]
-    assert_approx_df_equality(long_format(reloaded.transform(frame), "white"), long_format(out, "white"),
-                              precision=1e-12, ignore_row_order=True, ignore_nullable=True)
+    assert_approx_df_equality(
+        long_format(reloaded.transform(frame), "white"),
+        long_format(out, "white"),
+        precision=1e-12,
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
     pipeline.write().overwrite().save(str(tmp_path / "p"))
     stages = Pipeline.load(str(tmp_path / "p")).getStages()
     assert stages[0].getOrDefault("D") == 1 and stages[1].getOrDefault("k") == 6
@@ -169,17 +198,23 @@ def test_params_by_pyspark_conventions(frame):
     abtt = AllButTheTopEstimator().setParams(inputCol="vector", D=2, maxD=4)
     assert (abtt.getInputCol(), abtt.getD(), abtt.getMaxD(), abtt.getOutputCol()) == ("vector", 2, 4, "corrected")
     white = WhiteningEstimator().setK(5).setShrinkage(0.1).setZca(True).setNormalize(True).setEps(1e-9)
-    assert (white.getK(), white.getShrinkage(), white.getZca(), white.getNormalize(), white.getEps()) == \
-        (5, 0.1, True, True, 1e-9)
+    assert (white.getK(), white.getShrinkage(), white.getZca(), white.getNormalize(), white.getEps()) == (
+        5,
+        0.1,
+        True,
+        True,
+        1e-9,
+    )
     model = abtt.fit(frame)
     assert type(model).__name__ == "AllButTheTopModel" and model.getD() == 2 and model.getMaxD() == 4
     assert model.setParams(outputCol="fixed").getOutputCol() == "fixed"
     reloaded = CorrectionModel.from_artifact(load_artifact_of(model))
-    assert reloaded.getD() == 2                              # the fitted D, read back from the artifact
+    assert reloaded.getD() == 2  # the fitted D, read back from the artifact
 
 
 def load_artifact_of(model):
     from anisotropy_core.artifact import Artifact, build_manifest
+
     return Artifact(model.transform_, build_manifest(model.transform_, model.n))
 
 
@@ -188,7 +223,11 @@ def test_estimator_for_builds_registered_methods_from_config_keys():
 
     assert {"center", "abtt", "whitening", "cluster_recenter"} <= set(registered_methods())
     abtt = estimator_for("abtt", {"D": 3, "max_D": None}, "v")
-    assert isinstance(abtt, AllButTheTopEstimator) and (abtt.getInputCol(), abtt.getD(), abtt.getMaxD()) == ("v", 3, None)
+    assert isinstance(abtt, AllButTheTopEstimator) and (abtt.getInputCol(), abtt.getD(), abtt.getMaxD()) == (
+        "v",
+        3,
+        None,
+    )
     cluster = estimator_for("cluster_recenter", {"k": 2, "D": 1, "distance_measure": "cosine", "seed": 5})
     assert (cluster.getK(), cluster.getD(), cluster.getDistanceMeasure(), cluster.getSeed()) == (2, 1, "cosine", 5)
     assert cluster.getPredictionCol() == "cluster_id"
@@ -205,9 +244,9 @@ def test_transform_builds_a_plan_and_starts_no_job(spark, frame):
     tracker = spark.sparkContext.statusTracker()
     before = set(tracker.getJobIdsForGroup(None))
     planned = [m.transform(frame) for m in models]
-    assert set(tracker.getJobIdsForGroup(None)) == before                      # no Spark job yet
+    assert set(tracker.getJobIdsForGroup(None)) == before  # no Spark job yet
     assert all(p.count() == N for p in planned)
-    assert set(tracker.getJobIdsForGroup(None)) != before                      # the action ran them
+    assert set(tracker.getJobIdsForGroup(None)) != before  # the action ran them
 
 
 def test_whitening_eigenvectors_are_sign_canonical(data):
@@ -227,7 +266,7 @@ def test_float32_batches_spanning_apply_blocks_equal_the_numpy_apply(spark, esti
     model = estimator.copy().setInputCol("vector").setOutputCol("out").fit(table.coalesce(1))
     out = model.transform(table.coalesce(1))
     assert out.schema["out"].dataType.elementType.simpleString() == "float"
-    assert out.schema["out"].dataType.containsNull is False            # whole vectors: no null elements declared
+    assert out.schema["out"].dataType.containsNull is False  # whole vectors: no null elements declared
     got = dict((r["id"], r["out"]) for r in out.select("id", "out").collect())
     want = model.transform_.apply(x, np.float32)
     np.testing.assert_array_equal(np.array([got[i] for i in range(len(x))], dtype=np.float32), want)

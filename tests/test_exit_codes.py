@@ -1,5 +1,6 @@
 """Every job's exit codes per the README (issue 12, item 4): a config or contract error exits 2 and an invalid
 input exits 5, each with one line naming the path or column and no traceback; ``--verbose`` adds it."""
+
 import logging
 
 import numpy as np
@@ -22,8 +23,17 @@ def healthy_rows(n=40, d=4):
 
 
 def diagnose(tmp_path, table_path, *flags):
-    return ["--input", table_path, "--metadata-cols", "[token_count]", "--output-dir", str(tmp_path / "out"),
-            "--metrics-table", "null", *flags]
+    return [
+        "--input",
+        table_path,
+        "--metadata-cols",
+        "[token_count]",
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--metrics-table",
+        "null",
+        *flags,
+    ]
 
 
 def run_job(job, argv, caplog, capsys):
@@ -71,8 +81,9 @@ def test_missing_path_column_and_conf_exit_2(spark, tmp_path, caplog, capsys):
     code, errors, _ = run_job(diagnose_job, diagnose(tmp_path, good, "--id-col", "key"), caplog, capsys)
     assert code == 2
     assert_one_line(errors, "id column 'key' not found")
-    code, errors, _ = run_job(diagnose_job, diagnose(tmp_path, good, "--metadata-cols", "[clicks, token_count]"),
-                              caplog, capsys)
+    code, errors, _ = run_job(
+        diagnose_job, diagnose(tmp_path, good, "--metadata-cols", "[clicks, token_count]"), caplog, capsys
+    )
     assert code == 2
     assert_one_line(errors, "metadata column 'clicks' not found")
     code, errors, _ = run_job(diagnose_job, ["--conf", str(tmp_path / "absent.yaml")], caplog, capsys)
@@ -81,8 +92,13 @@ def test_missing_path_column_and_conf_exit_2(spark, tmp_path, caplog, capsys):
 
 
 def test_string_vector_column_exits_2(spark, tmp_path, caplog, capsys):
-    text = table(spark, tmp_path, [(1, "[1.0, 2.0]", 1.0), (2, "[2.0, 1.0]", 2.0)],
-                 "id long, vector string, token_count double", name="text")
+    text = table(
+        spark,
+        tmp_path,
+        [(1, "[1.0, 2.0]", 1.0), (2, "[2.0, 1.0]", 2.0)],
+        "id long, vector string, token_count double",
+        name="text",
+    )
     code, errors, _ = run_job(diagnose_job, diagnose(tmp_path, text), caplog, capsys)
     assert code == 2
     assert_one_line(errors, "vector column 'vector' has type string")

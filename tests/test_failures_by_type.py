@@ -2,6 +2,7 @@
 before any pass), a value that overflows float32 after the cast (the gate's exit 3 naming the id, or quarantined as a
 norm outlier), a squared length that overflows float64 (invalid in both jobs), the norm-outlier rule, stderr ending
 with the error, and the version a concurrent first publish's loser reports."""
+
 import os
 import shutil
 import subprocess
@@ -26,7 +27,7 @@ from tests.test_nightly import corpus, job_config, record, write_input
 from tests.test_nightly_faults import job_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HUGE = [5, 6, 7]     # the ids of the rows made huge
+HUGE = [5, 6, 7]  # the ids of the rows made huge
 
 
 def with_huge_rows(spark, tmp_path, value):
@@ -47,8 +48,17 @@ def center_artifact(tmp_path, healthy):
 
 
 def apply_args(tmp_path, source, artifact, *flags):
-    return ["--input", source, "--artifact", artifact, "--output", str(tmp_path / "applied"),
-            "--quarantine-path", str(tmp_path / "applied_quarantine"), *flags]
+    return [
+        "--input",
+        source,
+        "--artifact",
+        artifact,
+        "--output",
+        str(tmp_path / "applied"),
+        "--quarantine-path",
+        str(tmp_path / "applied_quarantine"),
+        *flags,
+    ]
 
 
 def quarantined(spark, path):
@@ -66,10 +76,12 @@ def test_a_missing_named_column_exits_2_before_any_pass(spark, tmp_path, caplog,
     monkeypatch.setattr(nightly_stages, "table_files", no_pass)
     monkeypatch.setattr(apply_job, "table_files", no_pass)
     conf = job_config(tmp_path)
-    for flags, fragment in [(["--vector-col", "nope"], "vector column 'nope' not found"),
-                            (["--id-col", "key"], "id column 'key' not found"),
-                            (["--metadata-cols", "[clicks, token_count]"], "metadata column 'clicks' not found"),
-                            (["--label-col", "topic"], "label column 'topic' not found")]:
+    for flags, fragment in [
+        (["--vector-col", "nope"], "vector column 'nope' not found"),
+        (["--id-col", "key"], "id column 'key' not found"),
+        (["--metadata-cols", "[clicks, token_count]"], "metadata column 'clicks' not found"),
+        (["--label-col", "topic"], "label column 'topic' not found"),
+    ]:
         assert nightly.main(["--conf", conf, *flags]) == 2
         assert record(tmp_path)["status"] == "config_error" and fragment in record(tmp_path)["reason"]
     artifact = center_artifact(tmp_path, healthy)
@@ -99,8 +111,9 @@ def test_a_value_that_overflows_float32_after_the_cast(spark, tmp_path, caplog, 
     assert published["counts"]["output_rows"] == len(healthy)
     assert quarantined(spark, str(tmp_path / "quarantine")) == {(i, "norm_outlier") for i in HUGE}
     artifact = center_artifact(tmp_path, healthy)
-    code, errors, _ = run_job(apply_job, apply_args(tmp_path, source, artifact, "--output-dtype", "float32"),
-                              caplog, capsys)
+    code, errors, _ = run_job(
+        apply_job, apply_args(tmp_path, source, artifact, "--output-dtype", "float32"), caplog, capsys
+    )
     assert code == 5
     assert_one_line(errors, "TransformRowError", "non-finite output value after the cast to float32", "'id': ")
     assert any(f"'id': {i}" in errors[0].getMessage() for i in HUGE)
@@ -115,14 +128,19 @@ def test_a_squared_length_that_overflows_float64_is_invalid_in_both_jobs(spark, 
     assert record(tmp_path)["counts"]["invalid_by_reason"] == {"norm_overflow": 3}
     assert quarantined(spark, str(tmp_path / "quarantine")) == {(i, "norm_overflow") for i in HUGE}
     artifact = center_artifact(tmp_path, healthy)
-    code, _, _ = run_job(apply_job, apply_args(tmp_path, source, artifact, "--on-invalid", "quarantine"),
-                         caplog, capsys)
+    code, _, _ = run_job(
+        apply_job, apply_args(tmp_path, source, artifact, "--on-invalid", "quarantine"), caplog, capsys
+    )
     assert code == 0
     written = read_table(spark, str(tmp_path / "applied"))[0]
     assert written.count() == len(healthy) and written.where(written.id.isin(HUGE)).count() == 0
     assert quarantined(spark, str(tmp_path / "applied_quarantine")) == {(i, "norm_overflow") for i in HUGE}
-    code, errors, _ = run_job(apply_job, apply_args(tmp_path, source, artifact, "--on-invalid", "error",
-                                                    "--output", str(tmp_path / "strict")), caplog, capsys)
+    code, errors, _ = run_job(
+        apply_job,
+        apply_args(tmp_path, source, artifact, "--on-invalid", "error", "--output", str(tmp_path / "strict")),
+        caplog,
+        capsys,
+    )
     assert code == 5
     assert_one_line(errors, "InvalidRowError", "norm_overflow in column 'vector'")
     assert output_state(spark, str(tmp_path / "strict")).version is None
@@ -135,15 +153,17 @@ def test_norm_outliers_are_quarantined_and_the_rule_can_be_turned_off(spark, tmp
     X = rng.normal(size=(400, 16)) + 1.0
     X[[1, 2, 3]] = 1e39
     path = str(tmp_path / "t")
-    spark.createDataFrame([(i, [float(v) for v in x]) for i, x in enumerate(X)], "id long, vector array<double>") \
-        .write.format("delta").save(path)
+    spark.createDataFrame(
+        [(i, [float(v) for v in x]) for i, x in enumerate(X)], "id long, vector array<double>"
+    ).write.format("delta").save(path)
     df = read_table(spark, path)[0]
     quarantine = str(tmp_path / "q")
-    checked = validate(df, "vector", "id", on_invalid="quarantine", quarantine_path=quarantine, with_moments=True,
-                       max_norm_ratio=1e3)
+    checked = validate(
+        df, "vector", "id", on_invalid="quarantine", quarantine_path=quarantine, with_moments=True, max_norm_ratio=1e3
+    )
     assert checked.invalid_by_reason == {"norm_outlier": 3} and checked.moments.n == 397
     assert diagnose(checked.moments)["numerical_rank"] == 16
-    lower_median = np.sort(np.linalg.norm(X, axis=1))[(len(X) + 1) // 2 - 1]      # of the pass's valid rows
+    lower_median = np.sort(np.linalg.norm(X, axis=1))[(len(X) + 1) // 2 - 1]  # of the pass's valid rows
     assert abs(checked.median_length / lower_median - 1) <= MEDIAN_ERROR
     assert checked.max_norm == pytest.approx(1e3 * checked.median_length)
     assert checked.reader.endswith("the moments again through Spark, without the norm outliers")
@@ -161,9 +181,14 @@ def test_stderr_ends_with_the_error(spark, tmp_path):
     """A failing job run as a command: its last line on stderr names the problem (no py4j INFO line after it)."""
     source, _ = with_huge_rows(spark, tmp_path, 1.0)
     conf = job_config(tmp_path)
-    done = subprocess.run([sys.executable, "-m", "jobs.cli", "nightly", "--conf", conf, "--vector-col", "nope"],
-                          cwd=REPO, env=job_env(ANISOTROPY_SPARK_MASTER="local[1]"), capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "jobs.cli", "nightly", "--conf", conf, "--vector-col", "nope"],
+        cwd=REPO,
+        env=job_env(ANISOTROPY_SPARK_MASTER="local[1]"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 2, done.stderr[-3000:]
     last = [line for line in done.stderr.splitlines() if line.strip()][-1]
     assert "vector column 'nope' not found" in last, done.stderr[-3000:]
@@ -173,8 +198,8 @@ def test_the_loser_of_a_first_publish_sees_the_winners_version(spark, tmp_path):
     """The session caches "no table at this path"; a table another process then creates there is seen at its
     version (the concurrent loser's message said "the output is at version None")."""
     spark.range(3).write.format("delta").save(str(tmp_path / "winner"))
-    (tmp_path / "output" / "_delta_log").mkdir(parents=True)          # what the loser's own attempt left
+    (tmp_path / "output" / "_delta_log").mkdir(parents=True)  # what the loser's own attempt left
     assert output_state(spark, str(tmp_path / "output")).version is None
     shutil.rmtree(tmp_path / "output")
-    shutil.copytree(tmp_path / "winner", tmp_path / "output")          # the winner's commit, made elsewhere
+    shutil.copytree(tmp_path / "winner", tmp_path / "output")  # the winner's commit, made elsewhere
     assert output_state(spark, str(tmp_path / "output")).version == 0

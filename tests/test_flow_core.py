@@ -1,21 +1,32 @@
 """BERT-flow (seed chapter 5): the chapter's worked numbers, hand-written gradients, exact inverse, training."""
+
 import math
 
 import numpy as np
 import pytest
 
 from anisotropy_core.artifact import load_artifact, save_artifact
-from anisotropy_core.flow import (Flow, FlowArchitecture, FlowTransform, change_of_variables_density, fit_flow,
-                                  gaussian_shell, init_parameters, scalar_flow_objective, scalar_flow_optimum,
-                                  standard_normal_density)
+from anisotropy_core.flow import (
+    Flow,
+    FlowArchitecture,
+    FlowTransform,
+    change_of_variables_density,
+    fit_flow,
+    gaussian_shell,
+    init_parameters,
+    scalar_flow_objective,
+    scalar_flow_optimum,
+    standard_normal_density,
+)
 
 
 def test_change_of_variables_n34():
     """z ~ N(0,1), u = 2z + 3 ~ N(3, 4): p(3) = 0.199471, p(5) = 0.120985, equal to the N(3,4) density."""
-    density = change_of_variables_density(np.array([3.0, 5.0]), lambda u: (u - 3) / 2, lambda u: 0.5 + 0 * u,
-                                          standard_normal_density)
+    density = change_of_variables_density(
+        np.array([3.0, 5.0]), lambda u: (u - 3) / 2, lambda u: 0.5 + 0 * u, standard_normal_density
+    )
     assert density == pytest.approx([0.199471, 0.120985], abs=5e-7)
-    true = np.exp(-(np.array([3.0, 5.0]) - 3) ** 2 / 8) / (2 * math.sqrt(2 * math.pi))
+    true = np.exp(-((np.array([3.0, 5.0]) - 3) ** 2) / 8) / (2 * math.sqrt(2 * math.pi))
     assert density == pytest.approx(true, abs=1e-15)
 
 
@@ -32,7 +43,7 @@ def test_additive_coupling_worked_example():
     """u = (1,2,3,4), m(a) = (0.5a1 + a2, a1 − 0.5a2) → v = (1, 2, 5.5, 4.0), back exactly; unit-diagonal
     lower-triangular Jacobian with the chapter's rows, log|det| = 0."""
     flow = one_coupling()
-    flow.params["coupling0_L"] = np.array([[0.5, 1.0], [1.0, -0.5]])   # a @ L = (0.5a1 + a2, a1 − 0.5a2)
+    flow.params["coupling0_L"] = np.array([[0.5, 1.0], [1.0, -0.5]])  # a @ L = (0.5a1 + a2, a1 − 0.5a2)
     u = np.array([[1.0, 2.0, 3.0, 4.0]])
     v = flow.forward(u)
     assert v[0] == pytest.approx([1.0, 2.0, 5.5, 4.0], abs=1e-15)
@@ -52,12 +63,12 @@ def test_scalar_flow_objective_and_optimum():
     assert best == pytest.approx(2.3094, abs=5e-5)
     # the chapter writes ln 2.3094 = 0.83698 (5 decimals): 768 × 0.83698 = 642.80; unrounded 642.807 → 258.807
     assert scalar_flow_objective(best, r, d) == pytest.approx(258.80, abs=0.01)
-    assert -(best * r) ** 2 / 2 + 768 * 0.83698 == pytest.approx(258.80, abs=0.005)
+    assert -((best * r) ** 2) / 2 + 768 * 0.83698 == pytest.approx(258.80, abs=0.005)
     assert scalar_flow_objective(1.0, r, d) == pytest.approx(-72.00, abs=1e-12)
     assert scalar_flow_objective(0.1, r, d) == pytest.approx(-1769.11, abs=0.005)
     grid = np.linspace(0.5, 5.0, 2001)
     assert grid[np.argmax([scalar_flow_objective(s, r, d) for s in grid])] == pytest.approx(best, abs=3e-3)
-    assert -(0.1 * r) ** 2 / 2 > -(best * r) ** 2 / 2      # the likelihood term alone prefers shrinking
+    assert -((0.1 * r) ** 2) / 2 > -((best * r) ** 2) / 2  # the likelihood term alone prefers shrinking
 
 
 def test_gaussian_shell_at_768():
@@ -85,8 +96,9 @@ def test_hand_written_gradients_match_finite_differences():
     assert set(grads) == {k for k in flow.params if k != "permutations"}
     eps = 1e-6
     for name, grad in grads.items():
-        for index in [np.unravel_index(i, grad.shape) for i in rng.choice(grad.size, size=min(4, grad.size),
-                                                                           replace=False)]:
+        for index in [
+            np.unravel_index(i, grad.shape) for i in rng.choice(grad.size, size=min(4, grad.size), replace=False)
+        ]:
             original = flow.params[name][index]
             flow.params[name][index] = original + eps
             up = flow.nll(x)
@@ -132,7 +144,7 @@ def test_trained_flow_whitens_an_anisotropic_cloud_without_collapse():
     assert np.abs(z.mean(axis=0)).max() < 0.06
     assert transform.training["final_nll"] < transform.training["initial_nll"]
     gaussian_nll = 0.5 * np.linalg.slogdet(2 * math.pi * math.e * np.cov(x.T, bias=True))[1]
-    assert transform.training["final_nll"] == pytest.approx(gaussian_nll, abs=0.1)   # the best a Gaussian model can do
+    assert transform.training["final_nll"] == pytest.approx(gaussian_nll, abs=0.1)  # the best a Gaussian model can do
     back = transform.inverse(z)
     assert np.abs(back - x).max() <= 1e-9 * np.abs(x).max()
 

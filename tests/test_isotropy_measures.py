@@ -1,5 +1,6 @@
 """Partition-function ratio, IsoScore (against the isoscore package's golden values), the chapter-8
 sign-structure null, and the isotropic sampling-noise references of chapter 1."""
+
 import importlib.util
 import json
 import pathlib
@@ -8,11 +9,22 @@ import numpy as np
 import pytest
 
 from anisotropy_core.diagnostics import anisotropy_from_offset, diagnose
-from anisotropy_core.isotropy_measures import (alignment, amplified_anisotropy, isoscore, isoscore_from_spectrum,
-                                               isotropic_anisotropy_se, mp_effective_rank, nonnegative_null,
-                                               null_effective_rank, partition_ratio, sampling_noise,
-                                               sign_structure_null, uniformity, uniformity_isotropic,
-                                               uniformity_tight_cone)
+from anisotropy_core.isotropy_measures import (
+    alignment,
+    amplified_anisotropy,
+    isoscore,
+    isoscore_from_spectrum,
+    isotropic_anisotropy_se,
+    mp_effective_rank,
+    nonnegative_null,
+    null_effective_rank,
+    partition_ratio,
+    sampling_noise,
+    sign_structure_null,
+    uniformity,
+    uniformity_isotropic,
+    uniformity_tight_cone,
+)
 from anisotropy_core.moments import Moments
 from anisotropy_core.synthetic import cone
 
@@ -33,6 +45,7 @@ def anisotropy(x):
 
 
 # --- IsoScore -------------------------------------------------------------------------------------------
+
 
 def test_isoscore_matches_reference_package():
     golden = json.loads(GOLDEN.read_text())
@@ -65,6 +78,7 @@ def test_isoscore_is_scale_and_rotation_invariant():
 
 # --- partition-function ratio --------------------------------------------------------------------------
 
+
 def test_partition_ratio_matches_direct_sum_and_is_sign_free():
     x = cone(300, 8, offset=0.8, spread=0.3, seed=1)
     got = partition_ratio(x)
@@ -78,7 +92,7 @@ def test_partition_ratio_matches_direct_sum_and_is_sign_free():
 def test_partition_ratio_is_stable_for_long_vectors():
     x = cone(300, 8, offset=0.8, spread=0.3, seed=1)
     with np.errstate(over="ignore"):
-        assert not np.isfinite(np.exp(x * 2000.0).sum())      # the naive route overflows
+        assert not np.isfinite(np.exp(x * 2000.0).sum())  # the naive route overflows
     got = partition_ratio(x * 2000.0)
     assert np.isfinite(got["log_Z"]).all() and 0.0 <= got["I"] < 1e-100
 
@@ -94,16 +108,17 @@ def test_partition_ratio_isotropic_vs_cone():
 
 # --- chapter 8 sign-structure null ---------------------------------------------------------------------
 
+
 def test_dense_relu_null_is_one_over_pi():
     rng = np.random.default_rng(4)
     acts = np.maximum(rng.normal(size=(1500, 768)), 0.0)
     null = sign_structure_null(acts)
     assert null["nonnegative"] and null["regime"] == "dense"
-    assert null["null"] == pytest.approx(1 / np.pi, abs=0.005)        # issue 43: m²/s measured from the data
+    assert null["null"] == pytest.approx(1 / np.pi, abs=0.005)  # issue 43: m²/s measured from the data
     assert null["null"] == nonnegative_null(null["mean_coordinate"], null["second_moment"])
     assert null["active_rate"] == pytest.approx(0.5, abs=0.01)
     assert nonnegative_null(1 / np.sqrt(2 * np.pi), 0.5) == pytest.approx(1 / np.pi, rel=1e-15)
-    assert anisotropy(acts) == pytest.approx(1 / np.pi, abs=0.01)       # what unrelated vectors score
+    assert anisotropy(acts) == pytest.approx(1 / np.pi, abs=0.01)  # what unrelated vectors score
 
 
 def test_sparse_code_null_is_half_the_rate():
@@ -114,7 +129,7 @@ def test_sparse_code_null_is_half_the_rate():
     assert null["regime"] == "sparse"
     assert null["active_rate"] == pytest.approx(q, rel=0.03)
     assert null["K"] == pytest.approx(q * d, rel=0.03)
-    assert null["null"] == pytest.approx(null["active_rate"] / 2, rel=0.05)   # issue 43: m²/s = q/2, measured
+    assert null["null"] == pytest.approx(null["active_rate"] / 2, rel=0.05)  # issue 43: m²/s = q/2, measured
     assert null["null"] == nonnegative_null(null["mean_coordinate"], null["second_moment"])
     assert nonnegative_null(q * 1.0, q * 2.0) == pytest.approx(q / 2)
     assert anisotropy(codes) == pytest.approx(q / 2, abs=0.003)
@@ -141,6 +156,7 @@ def test_amplification_law():
 
 
 # --- isotropic sampling noise --------------------------------------------------------------------------
+
 
 def test_standard_error_of_A_under_isotropy_by_simulation():
     rng = np.random.default_rng(7)
@@ -198,7 +214,7 @@ def test_uniformity_chapter7_numbers_and_identity():
     direction /= np.linalg.norm(direction)
     noise = rng.standard_normal((300, 768))
     noise -= np.outer(noise @ direction, direction)
-    tight = direction + 0.1005 * noise / np.linalg.norm(noise, axis=1, keepdims=True)   # cos ≈ 0.99 to every other
+    tight = direction + 0.1005 * noise / np.linalg.norm(noise, axis=1, keepdims=True)  # cos ≈ 0.99 to every other
     measured = uniformity(tight)["uniformity"]
     a = diagnose(tight)["anisotropy_A"]
     assert a == pytest.approx(0.99, abs=0.001)
@@ -206,8 +222,13 @@ def test_uniformity_chapter7_numbers_and_identity():
     assert measured == pytest.approx(-0.040, abs=0.005)
     spread = rng.standard_normal((200, 5)) + [2, 0, 0, 0, 0]
     assert uniformity(spread)["uniformity"] >= uniformity_tight_cone(diagnose(spread)["anisotropy_A"]) - 1e-12
-    pair_brute = np.mean([np.exp(-2 * np.sum((u - v) ** 2)) for i, u in enumerate(spread[:40] / np.linalg.norm(
-        spread[:40], axis=1, keepdims=True)) for v in (spread[i + 1:40] / np.linalg.norm(spread[i + 1:40], axis=1, keepdims=True))])
+    pair_brute = np.mean(
+        [
+            np.exp(-2 * np.sum((u - v) ** 2))
+            for i, u in enumerate(spread[:40] / np.linalg.norm(spread[:40], axis=1, keepdims=True))
+            for v in (spread[i + 1 : 40] / np.linalg.norm(spread[i + 1 : 40], axis=1, keepdims=True))
+        ]
+    )
     assert uniformity(spread[:40])["uniformity"] == pytest.approx(np.log(pair_brute), abs=1e-12)
 
 
@@ -217,7 +238,7 @@ def test_alignment_of_positive_pairs():
     assert alignment(x, 3 * x)["alignment"] == pytest.approx(0.0, abs=1e-24)
     assert alignment(x, -x)["alignment"] == pytest.approx(4.0)
     y = x + 0.3 * rng.standard_normal((50, 8))
-    unit = lambda m: m / np.linalg.norm(m, axis=1, keepdims=True)   # noqa: E731
+    unit = lambda m: m / np.linalg.norm(m, axis=1, keepdims=True)  # noqa: E731
     expected = np.mean(np.sum((unit(x) - unit(y)) ** 2, axis=1))
     assert alignment(x, y) == {"alignment": pytest.approx(expected, abs=1e-14), "alpha": 2.0, "pairs": 50}
     with pytest.raises(ValueError, match="row 3 has zero length"):

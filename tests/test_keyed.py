@@ -1,22 +1,32 @@
 """Keyed partial states (anisotropy_spark.keyed): byte-bounded emission and merge by key."""
+
 import numpy as np
 
 from anisotropy_core.moments import Moments
-from anisotropy_spark.keyed import (EMIT_BATCH_BYTES, KEYED_SCHEMA, coalesce_to_slots, keyed_batches, merge_by_key,
-                                  merge_moments_bytes)
+from anisotropy_spark.keyed import (
+    EMIT_BATCH_BYTES,
+    KEYED_SCHEMA,
+    coalesce_to_slots,
+    keyed_batches,
+    merge_by_key,
+    merge_moments_bytes,
+)
 
 
 def test_keyed_batches_stay_under_the_byte_budget_and_keep_every_state_once():
     small = {f"s{i}".encode(): bytes(1000) for i in range(50)}
-    big = {b"big0": bytes(EMIT_BATCH_BYTES + 1), b"big1": bytes(EMIT_BATCH_BYTES // 2 + 1),
-           b"big2": bytes(EMIT_BATCH_BYTES // 2 + 1)}
+    big = {
+        b"big0": bytes(EMIT_BATCH_BYTES + 1),
+        b"big1": bytes(EMIT_BATCH_BYTES // 2 + 1),
+        b"big2": bytes(EMIT_BATCH_BYTES // 2 + 1),
+    }
     states = {**small, **big}
     batches = list(keyed_batches(states))
     seen = {}
     for batch in batches:
         keys, payloads = batch.column(0).to_pylist(), batch.column(1).to_pylist()
         size = sum(len(k) + len(p) for k, p in zip(keys, payloads))
-        assert size <= EMIT_BATCH_BYTES or len(keys) == 1        # only a single oversized state travels alone
+        assert size <= EMIT_BATCH_BYTES or len(keys) == 1  # only a single oversized state travels alone
         seen.update(zip(keys, payloads))
     assert seen == states
     # 50 small states share one batch; big0 alone; big1 and big2 cannot share one (together > budget)

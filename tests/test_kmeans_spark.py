@@ -1,4 +1,5 @@
 """Distributed k-means and ClusterRecenter on Spark against the numpy reference and pyspark.ml KMeans."""
+
 import numpy as np
 import pytest
 from pyspark.ml.clustering import KMeans
@@ -14,27 +15,39 @@ from anisotropy_core.row_keys import row_keys, split_row_ids
 from anisotropy_core.synthetic import mixture
 from anisotropy_core.transforms import fit_center
 from anisotropy_spark.estimators import CorrectionModel, model_class_for
-from anisotropy_spark.kmeans import (ClusterRecenterEstimator, ClusterRecenterModel,
-                                     cluster_moments_pass, fit_kmeans, fits_in_memory, partition_states,
-                                     sample_key, sample_pass, spark_cluster_diagnostics, task_slots)
+from anisotropy_spark.kmeans import (
+    ClusterRecenterEstimator,
+    ClusterRecenterModel,
+    cluster_moments_pass,
+    fit_kmeans,
+    fits_in_memory,
+    partition_states,
+    sample_key,
+    sample_pass,
+    spark_cluster_diagnostics,
+    task_slots,
+)
 
 PARTITIONS = 2
-TASK_MEMORY = 1 << 30       # fit_kmeans(task_memory=…): refine in a barrier stage holding the rows
+TASK_MEMORY = 1 << 30  # fit_kmeans(task_memory=…): refine in a barrier stage holding the rows
 
 
 def frame(spark, X, labels=None):
     """DataFrame ``id long, vector array<double>[, label int]`` of X (n, d) in PARTITIONS partitions."""
     if labels is None:
-        return spark.createDataFrame([(i, v.tolist()) for i, v in enumerate(X)],
-                                     "id long, vector array<double>").coalesce(PARTITIONS)
-    return spark.createDataFrame([(i, v.tolist(), int(c)) for i, (v, c) in enumerate(zip(X, labels))],
-                                 "id long, vector array<double>, label int").coalesce(PARTITIONS)
+        return spark.createDataFrame(
+            [(i, v.tolist()) for i, v in enumerate(X)], "id long, vector array<double>"
+        ).coalesce(PARTITIONS)
+    return spark.createDataFrame(
+        [(i, v.tolist(), int(c)) for i, (v, c) in enumerate(zip(X, labels))], "id long, vector array<double>, label int"
+    ).coalesce(PARTITIONS)
 
 
 def partitions(df):
     """The (n_p, d) numpy matrices of ``df``'s vector column, partition by partition, in row order."""
-    return [np.array([row["vector"] for row in part], dtype=np.float64)
-            for part in df.select("vector").rdd.glom().collect()]
+    return [
+        np.array([row["vector"] for row in part], dtype=np.float64) for part in df.select("vector").rdd.glom().collect()
+    ]
 
 
 @pytest.mark.parametrize("metric, use_init, max_iter", [("euclidean", False, 50), ("cosine", True, 4)])
@@ -62,8 +75,16 @@ def test_inertia_within_one_percent_of_spark_ml(spark, metric):
     X, _ = mixture(4000, 16, (0.25, 0.2, 0.2, 0.15, 0.1, 0.1), separation=5.0, spread=0.3, seed=3)
     df = frame(spark, X).cache()
     ours = fit_kmeans(df, "vector", 6, metric, seed=1, max_iter=40, tol=1e-6, init_steps=2)
-    engine = KMeans(k=6, seed=1, maxIter=40, tol=1e-6, initMode="k-means||", initSteps=2,
-                    distanceMeasure=metric, featuresCol="features")
+    engine = KMeans(
+        k=6,
+        seed=1,
+        maxIter=40,
+        tol=1e-6,
+        initMode="k-means||",
+        initSteps=2,
+        distanceMeasure=metric,
+        featuresCol="features",
+    )
     model = engine.fit(df.select(array_to_vector("vector").alias("features")))
     theirs = model.summary.trainingCost
     assert ours.inertia == pytest.approx(theirs, rel=0.01)
@@ -71,7 +92,7 @@ def test_inertia_within_one_percent_of_spark_ml(spark, metric):
 
 
 def test_cluster_recenter_fit_transform_save_load(spark, tmp_path):
-    X, labels = mixture(1200, 6, (0.8, 0.2), separation=6.0, spread=0.5, seed=4)   # no overlap
+    X, labels = mixture(1200, 6, (0.8, 0.2), separation=6.0, spread=0.5, seed=4)  # no overlap
     df = frame(spark, X, labels)
     model = ClusterRecenterEstimator(k=2, D=1, seed=3, predictionCol="cluster").fit(df)
     assert isinstance(model, ClusterRecenterModel)
@@ -86,7 +107,7 @@ def test_cluster_recenter_fit_transform_save_load(spark, tmp_path):
     expected, expected_ids = transform.apply_with_clusters(X)
     assert np.array_equal(ids, expected_ids)
     assert np.allclose(corrected, expected, rtol=0, atol=1e-12)
-    assert np.array_equal(ids == ids[0], labels == labels[0])       # clusters are the populations
+    assert np.array_equal(ids == ids[0], labels == labels[0])  # clusters are the populations
 
     path = str(tmp_path / "cluster_recenter")
     model.save(path)
@@ -96,7 +117,7 @@ def test_cluster_recenter_fit_transform_save_load(spark, tmp_path):
     again = loaded.transform(df).orderBy("id").collect()
     assert np.array_equal(np.array([r["corrected"] for r in again]), corrected)
     assert np.array_equal(np.array([r["cluster"] for r in again]), ids)
-    served = load_artifact(path, expected_dimension=6).transform      # plain numpy, no Spark
+    served = load_artifact(path, expected_dimension=6).transform  # plain numpy, no Spark
     assert np.allclose(served.apply(X), expected, rtol=0, atol=1e-12)
 
     # the generic entry points (jobs/apply.py, jobs/nightly.py) pick the registered model class
@@ -112,6 +133,7 @@ def test_cluster_recenter_fit_transform_save_load(spark, tmp_path):
 
 def test_estimator_hands_its_task_memory_to_the_kmeans_fit(spark, monkeypatch):
     import anisotropy_spark.kmeans as kmeans_module
+
     seen = {}
     real_fit = kmeans_module.fit_kmeans
 
@@ -120,11 +142,11 @@ def test_estimator_hands_its_task_memory_to_the_kmeans_fit(spark, monkeypatch):
         return real_fit(*args, **kwargs)
 
     monkeypatch.setattr(kmeans_module, "fit_kmeans", spy)
-    assert ClusterRecenterEstimator().getTaskMemory() == 0           # streaming by default
+    assert ClusterRecenterEstimator().getTaskMemory() == 0  # streaming by default
     X, _ = mixture(600, 4, (0.5, 0.5), separation=6.0, seed=8)
     model = ClusterRecenterEstimator(k=2, seed=3).setTaskMemory(TASK_MEMORY).fit(frame(spark, X))
     assert seen["task_memory"] == TASK_MEMORY
-    assert model.transform_.fit_info["refinement"] == "local"     # 600 rows: the sample is the table, fitted exactly
+    assert model.transform_.fit_info["refinement"] == "local"  # 600 rows: the sample is the table, fitted exactly
 
 
 def test_model_registry():
@@ -176,13 +198,20 @@ def test_cluster_moments_pass_returns_every_cluster_including_an_unreached_one(s
 
 def float32_frame(spark, X):
     """DataFrame ``vector array<float>`` of X (n, d) rounded to float32, in PARTITIONS partitions."""
-    return spark.createDataFrame([(v.tolist(),) for v in X.astype(np.float32)],
-                                 "vector array<float>").coalesce(PARTITIONS)
+    return spark.createDataFrame([(v.tolist(),) for v in X.astype(np.float32)], "vector array<float>").coalesce(
+        PARTITIONS
+    )
 
 
-@pytest.mark.parametrize("metric, task_memory, refinement, corrected_iter", [
-    ("euclidean", TASK_MEMORY, "in_memory", 0), ("cosine", TASK_MEMORY, "in_memory", 2),
-    ("euclidean", 0, "streaming", None), ("cosine", 0, "streaming", None)])
+@pytest.mark.parametrize(
+    "metric, task_memory, refinement, corrected_iter",
+    [
+        ("euclidean", TASK_MEMORY, "in_memory", 0),
+        ("cosine", TASK_MEMORY, "in_memory", 2),
+        ("euclidean", 0, "streaming", None),
+        ("cosine", 0, "streaming", None),
+    ],
+)
 def test_sampled_kmeans_on_float32_equals_numpy_reference(spark, metric, task_memory, refinement, corrected_iter):
     # 3000 rows > sample_size 700: sample pass + driver fit (8 Lloyd updates) + 2 full refinement passes, on
     # float32 vectors read without an array<double> copy, the passes either in a barrier stage holding the rows
@@ -199,7 +228,7 @@ def test_sampled_kmeans_on_float32_equals_numpy_reference(spark, metric, task_me
     reference = kmeans(parts, 4, metric, **options)
     assert ours.refinement == refinement and reference.refinement == "local"
     assert len(ours.history) == len(reference.history) == 2 and ours.n_iter == reference.n_iter <= 8 + 2
-    assert np.array_equal(ours.counts, reference.counts) and ours.counts.sum() == len(X)   # whole table
+    assert np.array_equal(ours.counts, reference.counts) and ours.counts.sum() == len(X)  # whole table
     assert np.allclose(ours.centroids, reference.centroids, rtol=0, atol=1e-12)
     assert ours.inertia == pytest.approx(reference.inertia, rel=1e-12)
     # the inertia is that of the returned centroids over every row (float64 recomputation)
@@ -217,8 +246,9 @@ def test_sampled_kmeans_on_float32_equals_numpy_reference(spark, metric, task_me
 def test_sampled_kmeans_is_deterministic_for_a_seed_and_partitioning(spark, task_memory):
     X, _ = mixture(2500, 6, (0.5, 0.3, 0.2), separation=5.0, seed=8)
     df = float32_frame(spark, X)
-    first, second = (fit_kmeans(df, "vector", 3, seed=4, max_iter=6, sample_size=500, task_memory=task_memory)
-                     for _ in range(2))
+    first, second = (
+        fit_kmeans(df, "vector", 3, seed=4, max_iter=6, sample_size=500, task_memory=task_memory) for _ in range(2)
+    )
     assert np.array_equal(first.centroids, second.centroids) and first.history == second.history
     other_seed = fit_kmeans(df, "vector", 3, seed=5, max_iter=6, sample_size=500, task_memory=task_memory)
     assert not np.array_equal(first.centroids, other_seed.centroids)
@@ -230,23 +260,27 @@ def test_in_memory_refinement_runs_only_when_asked_and_each_task_share_fits(spar
     # 1M × 384 float32 on 2 slots: 768 MiB per task (fits 1 GiB); 2M rows: 1.5 GiB (streams)
     assert fits_in_memory(1_000_000, 384, 4, 64, 2, TASK_MEMORY)
     assert not fits_in_memory(2_000_000, 384, 4, 64, 2, TASK_MEMORY)
-    assert not fits_in_memory(1_000_000, 384, 8, 64, 2, TASK_MEMORY)       # array<double>: twice the bytes
-    assert not fits_in_memory(1000, 768, 4, 4096, 4, TASK_MEMORY)   # 4 tasks' states exceed one allGather
+    assert not fits_in_memory(1_000_000, 384, 8, 64, 2, TASK_MEMORY)  # array<double>: twice the bytes
+    assert not fits_in_memory(1000, 768, 4, 4096, 4, TASK_MEMORY)  # 4 tasks' states exceed one allGather
     X, _ = mixture(2500, 6, (0.5, 0.3, 0.2), separation=5.0, seed=8)
     df = float32_frame(spark, X)
     share = (len(X) + 1) // 2 * 6 * 4
     assert not fits_in_memory(len(X), 6, 4, 3, 2, 0)
-    assert fit_kmeans(df, "vector", 3, max_iter=3, sample_size=500).refinement == "streaming"      # the default
+    assert fit_kmeans(df, "vector", 3, max_iter=3, sample_size=500).refinement == "streaming"  # the default
     assert fit_kmeans(df, "vector", 3, max_iter=3, sample_size=500, task_memory=share).refinement == "in_memory"
     assert fit_kmeans(df, "vector", 3, max_iter=3, sample_size=500, task_memory=share - 1).refinement == "streaming"
     # an explicit corrected step makes every task also hold the sample (500 rows here): counted
     assert not fits_in_memory(1_300_000, 384, 4, 64, 2, TASK_MEMORY, sample_rows=131_072)
     assert fits_in_memory(1_300_000, 384, 4, 64, 2, TASK_MEMORY)
     held = 500 * 6 * 4
-    assert fit_kmeans(df, "vector", 3, max_iter=3, sample_size=500, task_memory=share,
-                      corrected_iter=2).refinement == "streaming"
-    assert fit_kmeans(df, "vector", 3, max_iter=3, sample_size=500, task_memory=share + held,
-                      corrected_iter=2).refinement == "in_memory"
+    assert (
+        fit_kmeans(df, "vector", 3, max_iter=3, sample_size=500, task_memory=share, corrected_iter=2).refinement
+        == "streaming"
+    )
+    assert (
+        fit_kmeans(df, "vector", 3, max_iter=3, sample_size=500, task_memory=share + held, corrected_iter=2).refinement
+        == "in_memory"
+    )
 
 
 def test_sample_pass_is_the_exact_uniform_sample_even_when_the_bound_misses(spark):
@@ -254,9 +288,9 @@ def test_sample_pass_is_the_exact_uniform_sample_even_when_the_bound_misses(spar
     df = float32_frame(spark, X).cache()
     parts = [p.astype(np.float32) for p in partitions(df)]
     reference = sample_partitions(parts, seed=2, size=300)
-    for n in (len(X), 10 ** 9):          # the true count, and a wrong one whose key bound keeps too few rows
+    for n in (len(X), 10**9):  # the true count, and a wrong one whose key bound keeps too few rows
         sample = sample_pass(df, "vector", 4, seed=2, size=300, n=n)
-        assert sample.complete and sample.rows.dtype == np.float32 and sample.n == len(X)   # a miss recounts
+        assert sample.complete and sample.rows.dtype == np.float32 and sample.n == len(X)  # a miss recounts
         assert np.array_equal(sample.keys, reference.keys) and np.array_equal(sample.rows, reference.rows)
         assert np.array_equal(sample.origin, reference.origin)
     # a vector column named like one of the pass's own columns draws the same sample
@@ -265,7 +299,7 @@ def test_sample_pass_is_the_exact_uniform_sample_even_when_the_bound_misses(spar
     df.unpersist()
 
 
-@pytest.mark.parametrize("seed", [0, 2, -7, 2 ** 40])
+@pytest.mark.parametrize("seed", [0, 2, -7, 2**40])
 def test_sample_keys_drawn_on_the_jvm_equal_the_numpy_keys(spark, seed):
     # rows in 3 partitions: the keys hash the partition index (upper bits of the id) and the row index alike
     ids = spark.range(0, 3000, numPartitions=3).select(F.monotonically_increasing_id().alias("id"))

@@ -4,6 +4,7 @@ Data: 300 valid rows × 8 dims (a pencil-shaped cone whose long axis tracks the 
 decision is ABTT of that significant artefact direction)
 plus three invalid rows that must be quarantined, never silently dropped.
 """
+
 import json
 import os
 
@@ -37,22 +38,30 @@ def write_input(spark, path, ids, X, tokens, mode="overwrite", invalid=True):
     rows = [(int(i), [float(v) for v in x], float(t)) for i, x, t in zip(ids, X, tokens)]
     if invalid:
         rows += [(-1, None, 1.0), (-2, [1.0] * 5, 1.0), (-3, [float("nan")] + [1.0] * (D - 1), 1.0)]
-    (spark.createDataFrame(rows, "id long, vector array<double>, token_count double").repartition(2)
-     .write.format("delta").mode(mode).save(path))
+    (
+        spark.createDataFrame(rows, "id long, vector array<double>, token_count double")
+        .repartition(2)
+        .write.format("delta")
+        .mode(mode)
+        .save(path)
+    )
 
 
 def job_config(tmp_path, name="nightly.yaml", **overrides) -> str:
     """A nightly YAML config under ``tmp_path`` (returned path); ``overrides`` replace keys."""
     settings = {
-        "input": str(tmp_path / "input"), "output": str(tmp_path / "output"),
-        "metadata_cols": ["token_count"], "quarantine_path": str(tmp_path / "quarantine"),
-        "artifacts_dir": str(tmp_path / "transforms"), "runs_dir": str(tmp_path / "runs"),
+        "input": str(tmp_path / "input"),
+        "output": str(tmp_path / "output"),
+        "metadata_cols": ["token_count"],
+        "quarantine_path": str(tmp_path / "quarantine"),
+        "artifacts_dir": str(tmp_path / "transforms"),
+        "runs_dir": str(tmp_path / "runs"),
         "runs_table": str(tmp_path / "runs_table"),
         "output_bounds": {"anisotropy_A": [None, 0.5], "top1_var": [None, 0.9]},
     }
     settings.update(overrides)
     path = tmp_path / name
-    path.write_text(json.dumps(settings))      # JSON is YAML
+    path.write_text(json.dumps(settings))  # JSON is YAML
     return str(path)
 
 
@@ -80,8 +89,13 @@ def table(spark, path, version=None) -> dict:
 
 
 def history(spark, path):
-    return (DeltaTable.forPath(spark, path).history().orderBy("version")
-            .select("version", "operation", "userMetadata").collect())
+    return (
+        DeltaTable.forPath(spark, path)
+        .history()
+        .orderBy("version")
+        .select("version", "operation", "userMetadata")
+        .collect()
+    )
 
 
 def test_publish_noop_gate_incremental_rollback(spark, tmp_path):
@@ -98,12 +112,12 @@ def test_publish_noop_gate_incremental_rollback(spark, tmp_path):
     D_chosen = first["recommendation"]["D"]
     assert D_chosen == 1 and first["applied"]["params"]["D"] == 1 and first["applied"]["refitted"]
     assert first["counts"]["invalid_rows"] == 3 and first["counts"]["output_rows"] == N
-    assert stage(first, "validate")["reader"] == "pyarrow"           # the moments pass read the data files
+    assert stage(first, "validate")["reader"] == "pyarrow"  # the moments pass read the data files
     # issue 43: the artefact test ran on the sample the moments pass drew; its significant u1 is the evidence
     assert stage(first, "diagnose")["sample_source"] == "moments pass" and stage(first, "diagnose")["sample_rows"] == N
     assert first["artefact"]["directions"][0]["significant"] and first["artefact"]["directions"][0]["p_adjusted"] < 0.05
     assert first["recommendation"]["verified"] and first["recommendation"]["evidence"]["artefact_directions"] == [1]
-    assert first["counts"]["output_files"] == 1                        # 2 small input files: one output file
+    assert first["counts"]["output_files"] == 1  # 2 small input files: one output file
     assert len(spark.read.format("delta").load(output).inputFiles()) == 1
     expected = fit_abtt(Moments.of_batch(X), D=D_chosen).apply(X)
     published = table(spark, output)
@@ -128,7 +142,7 @@ def test_publish_noop_gate_incremental_rollback(spark, tmp_path):
     rejected = record(tmp_path, "gate_rejected")
     assert "anisotropy_A" in rejected["reason"] and "outside the bounds" in rejected["reason"]
     assert len(history(spark, output)) == 1
-    assert rejected["applied"]["refitted"] and rejected["applied"]["rejected"]   # its fit is kept, marked rejected
+    assert rejected["applied"]["refitted"] and rejected["applied"]["rejected"]  # its fit is kept, marked rejected
     report = json.loads(open(os.path.join(rejected["applied"]["artifact"], "fit_report.json")).read())
     assert report["rejected"] == {"run_id": rejected["run_id"], "reason": rejected["reason"].split(": ", 1)[1]}
 
@@ -162,12 +176,19 @@ def test_gate_lists_every_problem(spark, tmp_path):
     valid = spark.createDataFrame([(1, [1.0, 2.0]), (2, [1.0, 0.0]), (3, [0.0, 1.0])], "id long, vector array<double>")
     candidate = spark.createDataFrame(
         [(1, [1.0, float("nan")]), (2, [1.0, 0.0, 3.0]), (2, [1.0, 0.0]), (4, [0.0, 1.0])],
-        "id long, vector array<double>")
+        "id long, vector array<double>",
+    )
     with pytest.raises(GateError) as caught:
         gate(candidate, valid, config, 2, {"top1_var": 0.7}, None)
     text = str(caught.value)
-    for fragment in ("4 rows, the input has 3", "duplicate ids", "1 missing, 1 unexpected",
-                     "do not have the transform's dimension 2", "NaN/Inf", "top1_var = 0.7 outside"):
+    for fragment in (
+        "4 rows, the input has 3",
+        "duplicate ids",
+        "1 missing, 1 unexpected",
+        "do not have the transform's dimension 2",
+        "NaN/Inf",
+        "top1_var = 0.7 outside",
+    ):
         assert fragment in text, fragment
     assert gate(valid, valid, nightly.NightlyConfig(input="in", output="out"), 2, None, None)["output_rows"] == 3
 
@@ -179,23 +200,29 @@ def test_gate_counts_every_copy_and_a_null_id_exactly(spark):
     valid = spark.createDataFrame([(1, [1.0, 0.0]), (2, [0.0, 1.0]), (3, [1.0, 1.0])], "id long, vector array<double>")
     candidate = spark.createDataFrame(
         [(1, [1.0, 0.0]), (1, [1.0, 0.0]), (1, [float("inf"), 0.0]), (None, [0.0, 1.0]), (2, [0.0, 1.0])],
-        "id long, vector array<double>")
+        "id long, vector array<double>",
+    )
     with pytest.raises(GateError) as caught:
         gate(candidate, valid, config, 2, None, None)
-    assert caught.value.problems == ["output has 5 rows, the input has 3 valid rows",
-                                     "duplicate ids: 2 rows share an id",
-                                     "id set differs from the input's valid rows: 1 missing, 1 unexpected",
-                                     "1 vectors contain NaN/Inf"]
+    assert caught.value.problems == [
+        "output has 5 rows, the input has 3 valid rows",
+        "duplicate ids: 2 rows share an id",
+        "id set differs from the input's valid rows: 1 missing, 1 unexpected",
+        "1 vectors contain NaN/Inf",
+    ]
 
 
-@pytest.mark.parametrize("flags,fragment", [
-    (["--method", "magic"], "method: 'magic' is not one of"),
-    (["--cluster-k", "many"], "cluster_k: expected int"),
-    (["--cluster-task-memory", "-1"], "cluster_task_memory must be >= 0 bytes, got -1"),
-    (["--abtt-D", "8", "--dimension", "8"], "abtt_D=8 must satisfy 0 <= abtt_D < dimension=8"),
-    (["--output-bounds", "{top1_var: [0.9, 0.1]}"], "output_bounds.top1_var"),
-    (["--drift", "{entropy: 0.1}"], "drift.entropy"),
-])
+@pytest.mark.parametrize(
+    "flags,fragment",
+    [
+        (["--method", "magic"], "method: 'magic' is not one of"),
+        (["--cluster-k", "many"], "cluster_k: expected int"),
+        (["--cluster-task-memory", "-1"], "cluster_task_memory must be >= 0 bytes, got -1"),
+        (["--abtt-D", "8", "--dimension", "8"], "abtt_D=8 must satisfy 0 <= abtt_D < dimension=8"),
+        (["--output-bounds", "{top1_var: [0.9, 0.1]}"], "output_bounds.top1_var"),
+        (["--drift", "{entropy: 0.1}"], "drift.entropy"),
+    ],
+)
 def test_static_config_errors_name_the_key(tmp_path, flags, fragment):
     with pytest.raises(ConfigError, match=None) as caught:
         nightly.parse_cli(["--conf", job_config(tmp_path)] + flags)
@@ -240,9 +267,16 @@ def test_file_uris_end_to_end(spark, tmp_path):
     ids, X, tokens = corpus()
     uri = f"file://{tmp_path}"
     write_input(spark, f"{uri}/embeddings", ids, X, tokens)
-    conf = job_config(tmp_path, input=f"{uri}/embeddings", output=f"{uri}/corrected", method="center",
-                      quarantine_path=f"{uri}/quarantine", artifacts_dir=f"{uri}/transforms",
-                      runs_dir=f"{uri}/runs", runs_table=f"{uri}/runs_table")
+    conf = job_config(
+        tmp_path,
+        input=f"{uri}/embeddings",
+        output=f"{uri}/corrected",
+        method="center",
+        quarantine_path=f"{uri}/quarantine",
+        artifacts_dir=f"{uri}/transforms",
+        runs_dir=f"{uri}/runs",
+        runs_table=f"{uri}/runs_table",
+    )
     assert nightly.main(["--conf", conf]) == 0
     first = record(tmp_path, "published")
     assert first["input"] == {"path": f"{uri}/embeddings", "version": 0}
@@ -271,8 +305,10 @@ def labelled_corpus(n=240, d=8, seed=3):
 
 def write_queries(spark, path, ids, X, labels, every=4):
     """Every ``every``-th row as a query whose relevant ids are the other rows of its label."""
-    rows = [(int(i), [float(v) for v in X[i]], [int(j) for j in ids if labels[j] == labels[i] and j != i])
-            for i in ids[::every]]
+    rows = [
+        (int(i), [float(v) for v in X[i]], [int(j) for j in ids if labels[j] == labels[i] and j != i])
+        for i in ids[::every]
+    ]
     spark.createDataFrame(rows, "query_id long, vector array<double>, relevant array<long>").write.parquet(path)
     return len(rows)
 
@@ -280,10 +316,17 @@ def write_queries(spark, path, ids, X, labels, every=4):
 def test_auto_publishes_the_best_scoring_candidate(spark, tmp_path):
     ids, X, labels, tokens = labelled_corpus()
     write_input(spark, str(tmp_path / "input"), ids, X, tokens, invalid=False)
-    queries = write_queries(spark, str(tmp_path / "queries"), ids, X, labels, every=2)   # 60 per half: a CI that can decide
+    queries = write_queries(
+        spark, str(tmp_path / "queries"), ids, X, labels, every=2
+    )  # 60 per half: a CI that can decide
     # the token-count spike dominates the raw neighbourhoods: removing it keeps ~22 % of them (min_neighbour_overlap)
-    conf = job_config(tmp_path, output_bounds={}, metadata_cols=["token_count"], min_neighbour_overlap=0.1, evaluation={
-        "queries": str(tmp_path / "queries"), "exclude_self": True, "k": 5, "max_quality_drop": 0.0})
+    conf = job_config(
+        tmp_path,
+        output_bounds={},
+        metadata_cols=["token_count"],
+        min_neighbour_overlap=0.1,
+        evaluation={"queries": str(tmp_path / "queries"), "exclude_self": True, "k": 5, "max_quality_drop": 0.0},
+    )
     assert nightly.main(["--conf", conf]) == 0
     rec = record(tmp_path)
     scores = rec["evaluation"]
@@ -304,7 +347,7 @@ def test_auto_publishes_the_best_scoring_candidate(spark, tmp_path):
     fitted = load_artifact(applied["artifact"]).transform
     out = table(spark, str(tmp_path / "output"))
     assert len(out) == len(ids)
-    assert max(np.abs(out[i] - fitted.apply(X[i:i + 1])[0]).max() for i in ids) < 1e-9
+    assert max(np.abs(out[i] - fitted.apply(X[i : i + 1])[0]).max() for i in ids) < 1e-9
     expected = {"abtt D=1": lambda: fit_abtt(Moments.of_batch(X), directions=[1]).apply(X)}.get(scores["chosen"])
     if expected is not None:
         assert np.abs(np.array([out[i] for i in ids]) - expected()).max() < 1e-9
@@ -322,28 +365,43 @@ def test_quality_gate_refuses_a_transform_that_hurts_retrieval(spark, tmp_path):
     ids = np.arange(n)
     write_input(spark, str(tmp_path / "input"), ids, X, np.full(n, 10.0), invalid=False)
     write_queries(spark, str(tmp_path / "queries"), ids, X, labels)
-    conf = job_config(tmp_path, output_bounds={}, method="whitening", evaluation={
-        "queries": str(tmp_path / "queries"), "exclude_self": True, "k": 5, "max_quality_drop": 0.02})
+    conf = job_config(
+        tmp_path,
+        output_bounds={},
+        method="whitening",
+        evaluation={"queries": str(tmp_path / "queries"), "exclude_self": True, "k": 5, "max_quality_drop": 0.02},
+    )
     assert nightly.main(["--conf", conf]) == 3
     rec = record(tmp_path)
-    assert rec["status"] == "gate_rejected" and "quality gate: " in rec["reason"] and "max_quality_drop 0.02" in rec["reason"]
+    assert (
+        rec["status"] == "gate_rejected"
+        and "quality gate: " in rec["reason"]
+        and "max_quality_drop 0.02" in rec["reason"]
+    )
     gated = rec["evaluation"]["gate"]
     assert gated["candidate"] == "applied" and gated["passes"] is False
     assert rec["evaluation"]["applied"]["ndcg@5"] < rec["evaluation"]["raw"]["ndcg@5"] - 0.02
     assert not os.path.exists(tmp_path / "output")
 
 
-@pytest.mark.parametrize("method,settings,d_out", [
-    ("abtt_pca_abtt", {"abtt_D": 1, "pca_k": 4, "abtt_D2": 1}, 4),
-    ("flow", {"flow_sample_size": 300, "flow_steps": 20, "flow_couplings": 2, "flow_hidden": 8}, D),
-])
+@pytest.mark.parametrize(
+    "method,settings,d_out",
+    [
+        ("abtt_pca_abtt", {"abtt_D": 1, "pca_k": 4, "abtt_D2": 1}, 4),
+        ("flow", {"flow_sample_size": 300, "flow_steps": 20, "flow_couplings": 2, "flow_hidden": 8}, D),
+    ],
+)
 def test_explicit_flow_and_composition_methods_publish(spark, tmp_path, method, settings, d_out):
     """Issue 10: the nightly runs BERT-flow and ABTT→PCA→ABTT when configured (the decision never proposes them)."""
     ids, X, tokens = corpus()
     write_input(spark, str(tmp_path / "input"), ids, X, tokens, invalid=False)
     # an 8 → 4 reduction keeps few of the raw neighbourhoods (0.14 for abtt_pca_abtt): the neighbour gate is off here
-    assert nightly.main(["--conf", job_config(tmp_path, output_bounds={}, method=method, min_neighbour_overlap=0.0,
-                                              **settings)]) == 0
+    assert (
+        nightly.main(
+            ["--conf", job_config(tmp_path, output_bounds={}, method=method, min_neighbour_overlap=0.0, **settings)]
+        )
+        == 0
+    )
     rec = record(tmp_path)
     assert rec["applied"]["method"] == method and rec["recommendation"]["method"] not in ("flow", "abtt_pca_abtt")
     fitted = load_artifact(rec["applied"]["artifact"]).transform
@@ -378,7 +436,7 @@ def test_the_summed_incremental_night_gates_on_what_a_pass_over_the_output_measu
     write_input(spark, str(tmp_path / "input"), ids, X, tokens)
     conf = job_config(tmp_path, method="abtt", abtt_D=2, metadata_cols=[])
     output = str(tmp_path / "output")
-    skip = ("mp_above_upper", "numerical_rank", "power_law_alpha", "erank_alpha")    # counts and fitted slopes
+    skip = ("mp_above_upper", "numerical_rank", "power_law_alpha", "erank_alpha")  # counts and fitted slopes
     assert nightly.main(["--conf", conf]) == 0
     first = record(tmp_path)
     assert first["mode"] == "full" and first["output_sums"]["rows"] == N

@@ -1,6 +1,7 @@
 """Issue 43 in the nightly job: the decision follows the evaluation's intervals (keep what is published unless a
 candidate is shown better), a label-free night is gated by the neighbour overlap and says it is unverified, and
 every failed gate check is reported at once."""
+
 import json
 
 import numpy as np
@@ -26,20 +27,35 @@ def test_label_free_night_records_the_neighbour_overlap_and_says_unverified(spar
     # the reference: 50 rows by the seeded id hash, raw against centred top-10 (own row excluded)
     from anisotropy_core.evaluation import neighbour_overlap, unit_rows
     from pyspark.sql import functions as F
-    sample = [r["id"] for r in spark.read.format("delta").load(str(tmp_path / "input"))
-              .orderBy(F.xxhash64("id", F.lit(0)), "id").limit(50).collect()]
+
+    sample = [
+        r["id"]
+        for r in spark.read.format("delta")
+        .load(str(tmp_path / "input"))
+        .orderBy(F.xxhash64("id", F.lit(0)), "id")
+        .limit(50)
+        .collect()
+    ]
 
     def top(Z):
         scores = unit_rows(Z[sample]) @ unit_rows(Z).T
         scores[np.arange(50), sample] = -np.inf
         return np.argsort(-scores, axis=1, kind="stable")[:, :10]
+
     want = neighbour_overlap(top(X), top(X - X.mean(0))).mean()
     assert abs(overlap["mean"] - want) < 1e-12
     assert rec["reason"].startswith("unverified: center applied without labelled evidence")
     # the overlap gate and the bounds gate fail together: both are reported, nothing is published (another method:
     # the gate keys alone do not change the published content, that night would be a no-op)
-    strict = job_config(tmp_path, "strict.yaml", method="abtt", abtt_D=1, neighbour_sample=50,
-                        min_neighbour_overlap=0.99, output_bounds={"anisotropy_A": [None, -0.5]})
+    strict = job_config(
+        tmp_path,
+        "strict.yaml",
+        method="abtt",
+        abtt_D=1,
+        neighbour_sample=50,
+        min_neighbour_overlap=0.99,
+        output_bounds={"anisotropy_A": [None, -0.5]},
+    )
     assert nightly.main(["--conf", strict]) == 3
     rejected = record(tmp_path, "gate_rejected")
     assert "outside the bounds" in rejected["reason"] and "min_neighbour_overlap 0.99" in rejected["reason"]
@@ -58,7 +74,11 @@ def test_auto_keeps_the_published_transform_unless_a_candidate_is_shown_better(s
     chosen = first["evaluation"]["chosen"]
     delta = first["evaluation"]["intervals"][chosen]["delta_vs_raw"]["ndcg@5"]
     assert first["status"] == "published" and first["evaluation"]["decision"]["action"] == "publish"
-    assert delta["low"] > 0 and first["applied"]["candidate"] == chosen and first["reason"].startswith(f"published {chosen}")
+    assert (
+        delta["low"] > 0
+        and first["applied"]["candidate"] == chosen
+        and first["reason"].startswith(f"published {chosen}")
+    )
     # the same input, a new evaluation split: nothing is shown better than the published transform → kept as is
     again = job_config(tmp_path, "again.yaml", evaluation={**block, "seed": 1}, **settings)
     assert nightly.main(["--conf", again]) == 0
@@ -80,12 +100,21 @@ def test_first_night_without_a_significant_candidate_publishes_the_vectors_uncha
     rng = np.random.default_rng(8)
     n, d = 240, 8
     X = rng.normal(size=(n, d))
-    labels = rng.integers(0, 2, size=n)                  # relevance unrelated to the geometry
+    labels = rng.integers(0, 2, size=n)  # relevance unrelated to the geometry
     ids = np.arange(n)
     write_input(spark, str(tmp_path / "input"), ids, X, np.full(n, 10.0), invalid=False)
     write_queries(spark, str(tmp_path / "queries"), ids, X, labels, every=2)
-    conf = job_config(tmp_path, output_bounds={}, evaluation={
-        "queries": str(tmp_path / "queries"), "exclude_self": True, "k": 5, "resamples": 500, "min_gain": 0.05})
+    conf = job_config(
+        tmp_path,
+        output_bounds={},
+        evaluation={
+            "queries": str(tmp_path / "queries"),
+            "exclude_self": True,
+            "k": 5,
+            "resamples": 500,
+            "min_gain": 0.05,
+        },
+    )
     assert nightly.main(["--conf", conf]) == 0
     rec = record(tmp_path)
     assert rec["status"] == "published" and rec["applied"]["method"] == "none" and rec["applied"]["candidate"] == "none"

@@ -9,6 +9,7 @@
 
 The in-process reference run uses the session's ``local[2]`` fixture.
 """
+
 import json
 import os
 import pathlib
@@ -33,8 +34,13 @@ FAULT_SCRIPT = "tests/nightly_with_faults.py"
 
 def job_env(**extra) -> dict:
     """Environment of a job subprocess: this interpreter for Python workers, the repo importable."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
-               SPARK_HOME=os.path.dirname(pyspark.__file__))
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(REPO),
+        PYSPARK_PYTHON=sys.executable,
+        PYSPARK_DRIVER_PYTHON=sys.executable,
+        SPARK_HOME=os.path.dirname(pyspark.__file__),
+    )
     env.pop("PYSPARK_GATEWAY_PORT", None)
     env.update(extra)
     return env
@@ -44,13 +50,25 @@ def launch(conf: str, *flags: str, submit: bool = False, **env) -> subprocess.Po
     """Start the nightly job with the test-only fault seam (``python tests/nightly_with_faults.py``, or under
     ``spark-submit``) with ``conf`` and ``flags``; ``env`` names the faults (see that script)."""
     if submit:
-        command = [str(pathlib.Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
-                   "--jars", ",".join(delta_jars()), "--conf", f"spark.sql.extensions={DELTA_EXTENSION}",
-                   "--conf", f"spark.sql.catalog.spark_catalog={DELTA_CATALOG}", FAULT_SCRIPT, "--conf", conf]
+        command = [
+            str(pathlib.Path(sys.executable).parent / "spark-submit"),
+            "--master",
+            "local[2]",
+            "--jars",
+            ",".join(delta_jars()),
+            "--conf",
+            f"spark.sql.extensions={DELTA_EXTENSION}",
+            "--conf",
+            f"spark.sql.catalog.spark_catalog={DELTA_CATALOG}",
+            FAULT_SCRIPT,
+            "--conf",
+            conf,
+        ]
     else:
         command = [sys.executable, FAULT_SCRIPT, "--conf", conf]
-    return subprocess.Popen(command + list(flags), cwd=REPO, env=job_env(**env), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        command + list(flags), cwd=REPO, env=job_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def finish(process: subprocess.Popen) -> tuple[int, str]:
@@ -98,10 +116,13 @@ def elsewhere(tmp_path, reference_dir, **overrides) -> str:
     return job_config(tmp_path, input=str(reference_dir / "input"), **overrides)
 
 
-@pytest.mark.parametrize("master,env", [
-    ("local[2,2]", "fail_once"),                 # fault 1: task retried, identical result
-    ("local-cluster[2,1,1024]", None),           # fault 3: two executor processes, same numbers
-])
+@pytest.mark.parametrize(
+    "master,env",
+    [
+        ("local[2,2]", "fail_once"),  # fault 1: task retried, identical result
+        ("local-cluster[2,1,1024]", None),  # fault 3: two executor processes, same numbers
+    ],
+)
 def test_other_masters_give_identical_numbers(spark, reference, tmp_path, master, env):
     base, expected = reference
     marker = tmp_path / "marker"
@@ -110,10 +131,10 @@ def test_other_masters_give_identical_numbers(spark, reference, tmp_path, master
     code, out = finish(launch(elsewhere(tmp_path, base), "--master", master, **extra))
     assert code == 0, out[-4000:]
     if env:
-        assert (marker / "failed-once").read_text().startswith("stage ")     # the failure did happen
+        assert (marker / "failed-once").read_text().startswith("stage ")  # the failure did happen
     got = published_metrics(tmp_path / "runs")
     for key, value in expected["input_metrics"].items():
-        same = value if value is None else pytest.approx(value, rel=1e-12, abs=1e-14)   # None: undefined in both
+        same = value if value is None else pytest.approx(value, rel=1e-12, abs=1e-14)  # None: undefined in both
         assert got["input_metrics"][key] == same, key
     assert got["applied"]["transform_version"] == expected["applied"]["transform_version"]
     assert_same_output(spark, str(base / "output"), str(tmp_path / "output"))
@@ -134,7 +155,7 @@ def test_kill_between_apply_and_publish_leaves_table_unchanged(spark, tmp_path):
     assert history(spark, str(tmp_path / "output")) == before_history
     after_kill = table(spark, str(tmp_path / "output"))
     assert sorted(after_kill) == sorted(before) and all(np.array_equal(after_kill[i], before[i]) for i in before)
-    (killed,) = [r for r in records(tmp_path / "runs") if r["status"] == "started"]    # the killed run's trace
+    (killed,) = [r for r in records(tmp_path / "runs") if r["status"] == "started"]  # the killed run's trace
 
     assert nightly.main(["--conf", conf]) == 0
     assert len(table(spark, str(tmp_path / "output"))) == N + 20
@@ -148,8 +169,8 @@ def test_kill_between_apply_and_publish_leaves_table_unchanged(spark, tmp_path):
 
 def test_concurrent_runs_one_publishes_the_other_fails_cleanly(spark, reference, tmp_path):
     base, _ = reference
-    shutil.copytree(base / "output", tmp_path / "output")           # an established deployment: the output
-    shutil.copytree(base / "quarantine", tmp_path / "quarantine")   # and quarantine tables already exist
+    shutil.copytree(base / "output", tmp_path / "output")  # an established deployment: the output
+    shutil.copytree(base / "quarantine", tmp_path / "quarantine")  # and quarantine tables already exist
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     conf = elsewhere(tmp_path, base, method="center")

@@ -5,6 +5,7 @@ not fitted) and the killed run's record marked ``killed``. After
 every night the output holds exactly the valid, uniquely-keyed rows of the input; at the end it equals a
 from-scratch apply of the final input with the transform in use (same ids, vectors within 1e-12) and the
 quarantine holds each bad row once."""
+
 import json
 import pathlib
 
@@ -61,56 +62,65 @@ def test_seven_nights_end_equal_to_a_rebuild(spark, tmp_path):
     write_input(spark, source, ids, X, tokens)
     conf = job_config(tmp_path)
 
-    night(spark, conf, tmp_path, "full", "no previous publish")                              # 1. first publish
+    night(spark, conf, tmp_path, "full", "no previous publish")  # 1. first publish
     append(spark, source, 1000)
-    second = night(spark, conf, tmp_path, "incremental")                                      # 2. plain append
+    second = night(spark, conf, tmp_path, "incremental")  # 2. plain append
     assert second["mode_reason"] is None
-    npz = pathlib.Path(second["applied"]["artifact"]) / "arrays.npz"                          # 2b. nothing new, but
-    npz.write_bytes(b"\0" * len(npz.read_bytes()))                                            # the artifact is corrupt
+    npz = pathlib.Path(second["applied"]["artifact"]) / "arrays.npz"  # 2b. nothing new, but
+    npz.write_bytes(b"\0" * len(npz.read_bytes()))  # the artifact is corrupt
     repaired = night(spark, conf, tmp_path, "full", "the transform was refitted")
     assert repaired["serving_artifact"]["verified"] is False and "not a no-op" in repaired["reason"]
     assert load_artifact(repaired["applied"]["artifact"]).transform_version == repaired["applied"]["transform_version"]
-    append(spark, source, 1100, repeat=5)                                                     # 3. id 5 repeated
+    append(spark, source, 1100, repeat=5)  # 3. id 5 repeated
     third = night(spark, conf, tmp_path, "full", "input rows share an id")
     assert third["counts"]["invalid_by_reason"]["duplicate_id"] == 2 and 5 not in table(spark, str(tmp_path / "output"))
     outlier = spark.createDataFrame([(OUTLIER_ID, [1e6] * D, 1.0)], "id long, vector array<double>, token_count double")
-    outlier.write.format("delta").mode("append").save(source)                                 # 3b. an outlier row
+    outlier.write.format("delta").mode("append").save(source)  # 3b. an outlier row
     assert nightly.main(["--conf", conf]) == 0
     guarded = record(tmp_path)
     assert guarded["status"] == "published" and guarded["counts"]["invalid_by_reason"]["norm_outlier"] == 1
     assert sorted(table(spark, str(tmp_path / "output"))) == expected_ids(spark, source)
-    assert guarded["input_metrics"]["top1_var"] < 0.9                                            # not hijacked
-    append(spark, source, 1200, extra_column=True)                                            # 4. schema change
+    assert guarded["input_metrics"]["top1_var"] < 0.9  # not hijacked
+    append(spark, source, 1200, extra_column=True)  # 4. schema change
     night(spark, conf, tmp_path, "full", "added columns ['source']")
     assert "source" in spark.read.format("delta").load(str(tmp_path / "output")).columns
-    DeltaTable.forPath(spark, source).delete("id BETWEEN 10 AND 19")                           # 5. delete + corrupt artifact
+    DeltaTable.forPath(spark, source).delete("id BETWEEN 10 AND 19")  # 5. delete + corrupt artifact
     npz = pathlib.Path(record(tmp_path)["applied"]["artifact"]) / "arrays.npz"
     npz.write_bytes(npz.read_bytes()[:64])
     fifth = night(spark, conf, tmp_path, "full")
     assert fifth["applied"]["refitted"] and "previous artifact unusable" in fifth["applied"]["fit_reason"]
     assert "arrays.npz" in fifth["applied"]["fit_reason"] and "BadZipFile" in fifth["applied"]["fit_reason"]
     DeltaTable.forPath(spark, source).update("id = 30", {"vector": F.array(*[F.lit(1.0 + j) for j in range(D)])})
-    code, out = finish(launch(conf, submit=True, FAIL_AFTER_STAGE="apply"))                  # 6. update, killed
+    code, out = finish(launch(conf, submit=True, FAIL_AFTER_STAGE="apply"))  # 6. update, killed
     assert code == 137, out[-3000:]
     runs = [json.loads(p.read_text()) for p in (tmp_path / "runs").iterdir()]
     (killed,) = [r for r in runs if r["status"] == "started"]
     sixth = night(spark, conf, tmp_path, "full", "not all appends")
     assert json.loads((tmp_path / "runs" / f"{killed['run_id']}.json").read_text())["status"] == "killed"
-    assert np.allclose(table(spark, str(tmp_path / "output"))[30],
-                       applied_to_current(spark, tmp_path, 30, sixth), atol=1e-12)
-    append(spark, source, 1300)                                                               # 7. concurrent pair
+    assert np.allclose(
+        table(spark, str(tmp_path / "output"))[30], applied_to_current(spark, tmp_path, 30, sixth), atol=1e-12
+    )
+    append(spark, source, 1300)  # 7. concurrent pair
     barrier = tmp_path / "barrier"
     barrier.mkdir()
-    results = [finish(p) for p in [launch(conf, "--master", "local[1]", PUBLISH_BARRIER=f"{barrier}:2")
-                                   for _ in range(2)]]
+    results = [
+        finish(p) for p in [launch(conf, "--master", "local[1]", PUBLISH_BARRIER=f"{barrier}:2") for _ in range(2)]
+    ]
     assert sorted(code for code, _ in results) == [0, 4], [out[-3000:] for _, out in results]
-    loser = json.loads([line for line in next(o for c, o in results if c == 4).splitlines() if line.startswith("{")][-1])
+    loser = json.loads(
+        [line for line in next(o for c, o in results if c == 4).splitlines() if line.startswith("{")][-1]
+    )
     assert loser["status"] == "concurrent_publish" and "version" in loser["reason"]
     assert sorted(table(spark, str(tmp_path / "output"))) == expected_ids(spark, source)
 
     final = record(tmp_path, "published")
-    rebuilt = ApplyConfig(input=source, artifact=final["applied"]["artifact"], output=str(tmp_path / "rebuild"),
-                          on_invalid="quarantine", quarantine_path=str(tmp_path / "rebuild_q"))
+    rebuilt = ApplyConfig(
+        input=source,
+        artifact=final["applied"]["artifact"],
+        output=str(tmp_path / "rebuild"),
+        on_invalid="quarantine",
+        quarantine_path=str(tmp_path / "rebuild_q"),
+    )
     run_apply(spark, rebuilt)
     published, scratch = table(spark, str(tmp_path / "output")), table(spark, rebuilt.output)
     # the apply job has no median length to apply the norm-outlier rule with (docs/errors.md): it keeps the
@@ -121,11 +131,14 @@ def test_seven_nights_end_equal_to_a_rebuild(spark, tmp_path):
     assert max(float(np.abs(published[i] - scratch[i]).max()) for i in scratch) <= 1e-12
     quarantined = spark.read.format("delta").load(str(tmp_path / "quarantine")).collect()
     by_reason = sorted((r["id"], r["invalid_reason"]) for r in quarantined)
-    assert by_reason == sorted([(i, reason) for i, reason in BAD_IDS.items()] + [(5, "duplicate_id")] * 2
-                               + [(OUTLIER_ID, "norm_outlier")])
+    assert by_reason == sorted(
+        [(i, reason) for i, reason in BAD_IDS.items()] + [(5, "duplicate_id")] * 2 + [(OUTLIER_ID, "norm_outlier")]
+    )
 
 
 def applied_to_current(spark, tmp_path, row_id, rec):
     """The published transform applied (in numpy, from its artifact) to the input's current vector of ``row_id``."""
-    vector = np.array(spark.read.format("delta").load(str(tmp_path / "input")).where(f"id = {row_id}").first()["vector"])
+    vector = np.array(
+        spark.read.format("delta").load(str(tmp_path / "input")).where(f"id = {row_id}").first()["vector"]
+    )
     return load_artifact(rec["applied"]["artifact"]).transform.apply(vector[None, :])[0]

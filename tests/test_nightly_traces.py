@@ -3,6 +3,7 @@ night with nothing new, and VACUUM of the unreferenced files.
 
 The run-record and fit-report checks need no Spark session; the last two tests run the nightly / VACUUM on a
 small table."""
+
 import dataclasses
 import datetime
 import json
@@ -54,13 +55,14 @@ def leftover(config, hours_ago, **fields) -> RunRecord:
 
 
 def test_a_run_marks_earlier_unfinished_runs_killed_only_when_they_are_dead(tmp_path):
-    config = NightlyConfig(input="in", output="out", runs_dir=str(tmp_path / "runs"), runs_table=None,
-                           stale_run_hours=24)
-    gone = leftover(config, 1, pid=ended_pid())                              # this host, process ended
-    alive = leftover(config, 1, pid=os.getpid())                             # this host, process alive
-    remote_old = leftover(config, 30, host="elsewhere", pid=1)               # another host, over stale_run_hours
-    remote_new = leftover(config, 2, host="elsewhere", pid=1)                # another host, may still run
-    finished = leftover(config, 3, pid=ended_pid(), status="published")      # ended with a final record
+    config = NightlyConfig(
+        input="in", output="out", runs_dir=str(tmp_path / "runs"), runs_table=None, stale_run_hours=24
+    )
+    gone = leftover(config, 1, pid=ended_pid())  # this host, process ended
+    alive = leftover(config, 1, pid=os.getpid())  # this host, process alive
+    remote_old = leftover(config, 30, host="elsewhere", pid=1)  # another host, over stale_run_hours
+    remote_new = leftover(config, 2, host="elsewhere", pid=1)  # another host, may still run
+    finished = leftover(config, 3, pid=ended_pid(), status="published")  # ended with a final record
 
     current = new_record(config)
     marked = start_record(None, config, current)
@@ -91,14 +93,37 @@ def test_a_run_record_round_trips_through_its_json_file(tmp_path):
     rec.serving_artifact = ServingArtifact("fit/a", "center-0", verified=False, problem="unreadable")
     rec.input_metrics = {"n": 40, "top1_var": 0.5}
     rec.recommendation = Recommendation("center", reasons=["the offset dominates"], verified=True)
-    rec.applied = Applied(method="center", params={}, transform_version="center-1", artifact="fit/b", refitted=True,
-                          fit_reason="no previous fit", candidate=None, follows_recommendation=True)
+    rec.applied = Applied(
+        method="center",
+        params={},
+        transform_version="center-1",
+        artifact="fit/b",
+        refitted=True,
+        fit_reason="no previous fit",
+        candidate=None,
+        follows_recommendation=True,
+    )
     rec.neighbour_overlap = NeighbourOverlap(mean=0.9, k=10, rows=50, min=0.5, passes=True)
     rec.evaluation = {"metric": "ndcg@5", "score": float("nan")}
     write_records(None, config, [rec])
     on_disk = json.loads((tmp_path / "runs" / f"{rec.run_id}.json").read_text())
-    assert {"run_id", "started_at", "finished_at", "status", "mode", "reason", "host", "pid", "config_hash", "input",
-            "output", "counts", "recommendation", "applied", "stages"} <= set(on_disk)
+    assert {
+        "run_id",
+        "started_at",
+        "finished_at",
+        "status",
+        "mode",
+        "reason",
+        "host",
+        "pid",
+        "config_hash",
+        "input",
+        "output",
+        "counts",
+        "recommendation",
+        "applied",
+        "stages",
+    } <= set(on_disk)
     assert on_disk["input"] == {"path": "in", "version": 3}
     assert on_disk["output"] == {"path": "out", "previous_version": 1, "version": 2}
     assert on_disk["counts"]["invalid_by_reason"] == {"norm_outlier": 2} and on_disk["counts"]["output_rows"] == 40
@@ -128,9 +153,11 @@ def test_a_rejected_fit_is_kept_but_never_reused(tmp_path):
     mark_rejected(previous["artifact"], "run-7", "gate rejected the output: output top1_var = 0.95 outside")
     reused, why = reusable(config, previous, "center", {}, 4, {})
     assert reused is None
-    assert why == (f"previous artifact {previous['artifact']} is marked rejected (run run-7: gate rejected the "
-                   "output: output top1_var = 0.95 outside)")
-    assert load_artifact(previous["artifact"]).transform_version == previous["transform_version"]   # kept, valid
+    assert why == (
+        f"previous artifact {previous['artifact']} is marked rejected (run run-7: gate rejected the "
+        "output: output top1_var = 0.95 outside)"
+    )
+    assert load_artifact(previous["artifact"]).transform_version == previous["transform_version"]  # kept, valid
 
 
 def test_the_serving_artifact_must_verify_and_match_the_published_version(tmp_path):
@@ -144,7 +171,8 @@ def test_the_serving_artifact_must_verify_and_match_the_published_version(tmp_pa
     with pytest.raises(ArtifactError, match="arrays.npz: unreadable arrays"):
         serving_artifact(previous)
     assert reusable(NightlyConfig(input="in", output="out"), previous, "center", {}, 4, {})[1].startswith(
-        "previous artifact unusable (")
+        "previous artifact unusable ("
+    )
 
 
 def test_a_corrupt_serving_artifact_is_refit_and_republished_on_a_night_with_nothing_new(spark, tmp_path):
@@ -155,23 +183,27 @@ def test_a_corrupt_serving_artifact_is_refit_and_republished_on_a_night_with_not
     first = record(tmp_path)
     assert first["serving_artifact"] is None
     npz = pathlib.Path(first["applied"]["artifact"]) / "arrays.npz"
-    npz.write_bytes(npz.read_bytes()[:64])                              # the input is unchanged: a no-op night
+    npz.write_bytes(npz.read_bytes()[:64])  # the input is unchanged: a no-op night
 
     assert nightly.main(["--conf", conf]) == 0
     second = record(tmp_path)
     assert (second["status"], second["mode"]) == ("published", "full") and second["applied"]["refitted"]
     assert second["serving_artifact"]["verified"] is False and "arrays.npz" in second["serving_artifact"]["problem"]
-    assert second["reason"].startswith("not a no-op: output version 0 already holds input version 0, but its "
-                                       "artifact failed the check (") and "refit and republish" in second["reason"]
+    assert (
+        second["reason"].startswith(
+            "not a no-op: output version 0 already holds input version 0, but its artifact failed the check ("
+        )
+        and "refit and republish" in second["reason"]
+    )
     assert "previous artifact unusable" in second["applied"]["fit_reason"]
     assert second["output"]["version"] == 1
-    republished = load_artifact(second["applied"]["artifact"])           # a valid artifact again, the one served
+    republished = load_artifact(second["applied"]["artifact"])  # a valid artifact again, the one served
     assert republished.transform_version == output_state(spark, str(tmp_path / "output")).meta["transform_version"]
     published = table(spark, str(tmp_path / "output"))
     expected = republished.transform.apply(X)
     assert max(float(np.abs(published[i] - expected[i]).max()) for i in ids) < 1e-12
 
-    assert nightly.main(["--conf", conf]) == 0                           # verified: a no-op again
+    assert nightly.main(["--conf", conf]) == 0  # verified: a no-op again
     third = record(tmp_path)
     assert third["status"] == "noop" and third["serving_artifact"]["verified"] is True
 
@@ -182,16 +214,16 @@ def test_vacuum_deletes_unreferenced_files_with_deltas_retention_check(spark, tm
     meta = json.dumps({"run_id": "r1", "seq": 0})
     rows.repartition(4).write.format("delta").option("userMetadata", meta).save(str(output))
     rows.coalesce(1).write.format("delta").mode("overwrite").option("userMetadata", meta).save(str(output))
-    stray = output / "part-killed-run.snappy.parquet"                  # written by a run killed before its commit
+    stray = output / "part-killed-run.snappy.parquet"  # written by a run killed before its commit
     pq.write_table(pa.table({"id": [99]}), stray)
     conf = job_config(tmp_path, runs_table=None)
 
-    assert cli.main(["vacuum", "--conf", conf, "--retain-hours", "1"]) == 2       # below 168 h: refused
-    assert cli.main(["vacuum", "--conf", conf]) == 0                              # 168 h: nothing old enough
+    assert cli.main(["vacuum", "--conf", conf, "--retain-hours", "1"]) == 2  # below 168 h: refused
+    assert cli.main(["vacuum", "--conf", conf]) == 0  # 168 h: nothing old enough
     assert stray.exists() and len(list(output.glob("*.parquet"))) == 6
     assert cli.main(["vacuum", "--conf", conf, "--retain-hours", "0", "--allow-short-retention"]) == 0
     assert not stray.exists() and len(list(output.glob("*.parquet"))) == 1
     assert sorted(r["id"] for r in spark.read.format("delta").load(str(output)).collect()) == list(range(20))
-    state = output_state(spark, str(output))                 # the VACUUM commits are no change of the output
+    state = output_state(spark, str(output))  # the VACUUM commits are no change of the output
     assert state.meta == {"run_id": "r1", "seq": 0} and state.version == 5
     assert spark.conf.get("spark.databricks.delta.retentionDurationCheck.enabled", None) is None

@@ -1,6 +1,7 @@
 """Artifacts, reports and run records on an S3-compatible object store (issue 11, item 1): moto's S3 server on
 localhost, reached through the one filesystem layer (``anisotropy_core.storage``, pyarrow.fs) by ``s3a://`` and
 ``s3://`` URIs exactly as on a cluster (endpoint and credentials from the standard AWS environment variables)."""
+
 import numpy as np
 import pytest
 from moto.server import ThreadedMotoServer
@@ -21,8 +22,12 @@ def s3():
     server.start()
     host, port = server.get_host_and_port()
     with pytest.MonkeyPatch.context() as env:
-        for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://{host}:{port}"}.items():
+        for key, value in {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        }.items():
             env.setenv(key, value)
         filesystem = fs.S3FileSystem(endpoint_override=f"{host}:{port}", scheme="http", allow_bucket_creation=True)
         filesystem.create_dir(BUCKET)
@@ -36,8 +41,11 @@ def fitted_abtt():
 
 
 def keys_under(s3, prefix: str) -> list[str]:
-    return sorted(info.path for info in s3.get_file_info(fs.FileSelector(f"{BUCKET}/{prefix}", recursive=True))
-                  if info.type == fs.FileType.File)
+    return sorted(
+        info.path
+        for info in s3.get_file_info(fs.FileSelector(f"{BUCKET}/{prefix}", recursive=True))
+        if info.type == fs.FileType.File
+    )
 
 
 def test_artifact_round_trip_on_s3a_leaves_only_payload_and_manifest(s3):
@@ -48,8 +56,10 @@ def test_artifact_round_trip_on_s3a_leaves_only_payload_and_manifest(s3):
     assert loaded.manifest["transform_version"] == saved["transform_version"]
     np.testing.assert_allclose(loaded.transform.apply(X), transform.apply(X), rtol=0, atol=0)
     # the atomic writes left no temporary objects behind: exactly the payload and the manifest
-    assert keys_under(s3, "transforms/abtt") == [f"{BUCKET}/transforms/abtt/arrays.npz",
-                                                 f"{BUCKET}/transforms/abtt/manifest.json"]
+    assert keys_under(s3, "transforms/abtt") == [
+        f"{BUCKET}/transforms/abtt/arrays.npz",
+        f"{BUCKET}/transforms/abtt/manifest.json",
+    ]
 
 
 def test_truncated_object_on_s3_is_refused_naming_the_uri(s3):

@@ -1,5 +1,6 @@
 """The nightly's single output pass: output moments of an affine correction from the input state, and the gate's
 facts from that pass equal to those the separate passes (diagnose the output, gate join) compute."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,9 +23,13 @@ from jobs.nightly_config import NightlyConfig
 
 X = cone(3000, 24, offset=3.0, alpha=1.0, seed=3)
 STATE = Moments.of_batch(X)
-AFFINE = {"center": fit_center(STATE), "abtt D=2": fit_abtt(STATE, D=2), "whitening k=12": fit_whitening(STATE, k=12),
-          "abtt+whitening": fit_whitening(STATE, k=10, exclude=[1]),
-          "abtt_pca_abtt": fit_abtt_pca_abtt(STATE, D=1, k=8, D2=1)}
+AFFINE = {
+    "center": fit_center(STATE),
+    "abtt D=2": fit_abtt(STATE, D=2),
+    "whitening k=12": fit_whitening(STATE, k=12),
+    "abtt+whitening": fit_whitening(STATE, k=10, exclude=[1]),
+    "abtt_pca_abtt": fit_abtt_pca_abtt(STATE, D=1, k=8, D2=1),
+}
 
 
 # counts against a threshold and slopes fitted over them: functions of the spectrum, not its smooth measures (at a
@@ -72,8 +77,10 @@ def test_facts_merge_and_travel_as_bytes():
     own = np.full(X.shape[0], -1)
     own[:5] = np.arange(5)
     whole = OutputFacts.empty(24, True, queries).add(X, transform.apply(X), keys, queries, own)
-    halves = [OutputFacts.empty(24, True, queries).add(X[s], transform.apply(X[s]), keys[s], queries, own[s])
-              for s in (slice(0, 1000), slice(1000, None))]
+    halves = [
+        OutputFacts.empty(24, True, queries).add(X[s], transform.apply(X[s]), keys[s], queries, own[s])
+        for s in (slice(0, 1000), slice(1000, None))
+    ]
     merged = OutputFacts.from_bytes(halves[0].to_bytes()).merge(OutputFacts.from_bytes(halves[1].to_bytes()))
     assert merged.rows == whole.rows == X.shape[0]
     assert relative(merged.sum_unit, whole.sum_unit) < 1e-12
@@ -90,8 +97,14 @@ def test_facts_merge_and_travel_as_bytes():
 def dirty_table(spark):
     """float64 rows with an invalid vector of each kind, an id held by two rows and a norm outlier."""
     rows = [(int(i), [float(v) for v in X[i]]) for i in range(400)]
-    rows += [(1000, None), (1001, [1.0, 2.0]), (1002, [float("nan")] * 24), (1003, [0.0] * 24),
-             (7, [float(v) for v in X[8]]), (1004, [1e6] * 24)]
+    rows += [
+        (1000, None),
+        (1001, [1.0, 2.0]),
+        (1002, [float("nan")] * 24),
+        (1003, [0.0] * 24),
+        (7, [float(v) for v in X[8]]),
+        (1004, [1e6] * 24),
+    ]
     return spark.createDataFrame(rows, "id long, vector array<double>")
 
 
@@ -101,8 +114,17 @@ def test_gate_facts_of_the_single_pass_equal_those_of_the_separate_passes(spark)
     max_norm = 1e5
     duplicate_ids = pa.array([7], pa.int64())
     overlap_rows = X[[3, 50, 120]]
-    spec = OutputPass("vector", "id", 24, transform, np.float64, max_norm, duplicate_ids,
-                      OverlapQueries.of(overlap_rows, transform, 5), pa.array([3, 50, 120], pa.int64()))
+    spec = OutputPass(
+        "vector",
+        "id",
+        24,
+        transform,
+        np.float64,
+        max_norm,
+        duplicate_ids,
+        OverlapQueries.of(overlap_rows, transform, 5),
+        pa.array([3, 50, 120], pa.int64()),
+    )
     facts, reader = output_facts(df, None, spec)
     assert reader == "spark"
     # the separate passes: the valid rows, their transform, the output's diagnosis, the gate's join

@@ -1,16 +1,33 @@
 """Session helpers: local core count of a master URL, Delta snapshot partitions, temporary session confs."""
+
 import os
 
 import pytest
 
-from anisotropy_spark.session import (ARROW_JAVA_OPTIONS, EMBEDDED_JAVA_OPTIONS, JIT_JAVA_OPTIONS,
-                                      embedded_java_options, local_cores, session_conf, snapshot_partitions)
+from anisotropy_spark.session import (
+    ARROW_JAVA_OPTIONS,
+    EMBEDDED_JAVA_OPTIONS,
+    JIT_JAVA_OPTIONS,
+    embedded_java_options,
+    local_cores,
+    session_conf,
+    snapshot_partitions,
+)
 
 
-@pytest.mark.parametrize("master, cores", [
-    ("local", 1), ("local[3]", 3), ("local[*]", os.cpu_count()), ("local[4, 2]", 4), ("local[*,3]", os.cpu_count()),
-    ("spark://host:7077", None), ("yarn", None), ("local-cluster[2,1,1024]", None),
-])
+@pytest.mark.parametrize(
+    "master, cores",
+    [
+        ("local", 1),
+        ("local[3]", 3),
+        ("local[*]", os.cpu_count()),
+        ("local[4, 2]", 4),
+        ("local[*,3]", os.cpu_count()),
+        ("spark://host:7077", None),
+        ("yarn", None),
+        ("local-cluster[2,1,1024]", None),
+    ],
+)
 def test_local_cores_of_a_master_url(master, cores):
     assert local_cores(master) == cores
 
@@ -44,9 +61,12 @@ def test_embedded_java_options_put_the_callers_own_after_arrows_and_the_jits():
     options = embedded_java_options({"spark.driver.extraJavaOptions": "-Darrow.enable_unsafe_memory_access=false"})
     assert options == {
         "spark.driver.extraJavaOptions": EMBEDDED_JAVA_OPTIONS + " -Darrow.enable_unsafe_memory_access=false",
-        "spark.executor.extraJavaOptions": EMBEDDED_JAVA_OPTIONS}
-    assert embedded_java_options(None) == {"spark.driver.extraJavaOptions": EMBEDDED_JAVA_OPTIONS,
-                                           "spark.executor.extraJavaOptions": EMBEDDED_JAVA_OPTIONS}
+        "spark.executor.extraJavaOptions": EMBEDDED_JAVA_OPTIONS,
+    }
+    assert embedded_java_options(None) == {
+        "spark.driver.extraJavaOptions": EMBEDDED_JAVA_OPTIONS,
+        "spark.executor.extraJavaOptions": EMBEDDED_JAVA_OPTIONS,
+    }
 
 
 def test_the_embedded_session_jvm_runs_arrow_without_bounds_and_get_null_checks(spark):
@@ -59,5 +79,6 @@ def test_the_embedded_session_jvm_runs_arrow_without_bounds_and_get_null_checks(
 def test_the_embedded_session_jvm_keeps_profiling_hot_methods_however_long_c2s_queue(spark):
     jvm = spark.sparkContext._jvm
     hotspot = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
-        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    )
     assert hotspot.getVMOption("Tier3DelayOn").getValue() == "100000"

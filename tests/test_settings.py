@@ -1,6 +1,7 @@
 """Issue 44: each correction's settings declared once (anisotropy_core.methods) and derived everywhere — the fit and
 nightly config keys, the CLI flags, the Spark Params — and the Spark ML surface (typed Params whose converters
 validate, a setter for every Param, handleInvalid, read-only fitted state)."""
+
 import dataclasses
 import json
 import pickle
@@ -10,12 +11,26 @@ import numpy as np
 import pytest
 
 from anisotropy_core.methods import CORRECTIONS, SETTINGS, Method, SettingError, param_name
-from anisotropy_spark.estimators import (AbttPcaAbttEstimator, AllButTheTopEstimator, CenterEstimator,
-                                         CorrectionModel, FlowEstimator, WhiteningEstimator, estimator_for,
-                                         model_class_for, registered_methods)
+from anisotropy_spark.estimators import (
+    AbttPcaAbttEstimator,
+    AllButTheTopEstimator,
+    CenterEstimator,
+    CorrectionModel,
+    FlowEstimator,
+    WhiteningEstimator,
+    estimator_for,
+    model_class_for,
+    registered_methods,
+)
 from anisotropy_spark.kmeans import ClusterRecenterEstimator
-from anisotropy_spark.params import (_AbttPcaAbttParams, _AllButTheTopParams, _ClusterRecenterParams, _FlowParams,
-                                     _TransformParams, _WhiteningParams)
+from anisotropy_spark.params import (
+    _AbttPcaAbttParams,
+    _AllButTheTopParams,
+    _ClusterRecenterParams,
+    _FlowParams,
+    _TransformParams,
+    _WhiteningParams,
+)
 from jobs.config import ConfigError, from_mapping
 from jobs.fit import FitConfig
 from jobs.nightly_config import NIGHTLY_KEYS, NightlyConfig
@@ -30,7 +45,7 @@ def base_type(hint):
 def test_method_is_its_name():
     assert Method.ABTT == "abtt" and {"abtt": 1}[Method.ABTT] == 1 and Method("flow") is Method.FLOW
     assert f"{Method.ABTT}-x" == "abtt-x" and json.dumps([Method.NONE]) == '["none"]'
-    assert type(pickle.loads(pickle.dumps(Method.CENTER))) is str          # so it may enter Spark rows
+    assert type(pickle.loads(pickle.dumps(Method.CENTER))) is str  # so it may enter Spark rows
     assert set(registered_methods()) == {m.value for m in CORRECTIONS}
 
 
@@ -51,6 +66,7 @@ def test_each_setting_is_a_fit_key_a_cli_flag_and_a_param(method, capsys):
     hints = typing.get_type_hints(FitConfig)
     estimator = estimator_for(method, {})
     from jobs.fit import main
+
     with pytest.raises(SystemExit):
         main(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
@@ -91,8 +107,14 @@ def test_config_errors_name_the_key():
     assert from_mapping(FitConfig, {"input": "i", "artifact": "a", "method": "flow"}).method is Method.FLOW
 
 
-ESTIMATORS = [CenterEstimator, AllButTheTopEstimator, WhiteningEstimator, AbttPcaAbttEstimator, FlowEstimator,
-              ClusterRecenterEstimator]
+ESTIMATORS = [
+    CenterEstimator,
+    AllButTheTopEstimator,
+    WhiteningEstimator,
+    AbttPcaAbttEstimator,
+    FlowEstimator,
+    ClusterRecenterEstimator,
+]
 
 
 def setter(name):
@@ -118,8 +140,10 @@ def test_every_param_has_a_setter(estimator_class):
             model.setParams(**{name: 1})
 
 
-@pytest.mark.parametrize("mixin", [_TransformParams, _AllButTheTopParams, _WhiteningParams, _AbttPcaAbttParams,
-                                   _FlowParams, _ClusterRecenterParams])
+@pytest.mark.parametrize(
+    "mixin",
+    [_TransformParams, _AllButTheTopParams, _WhiteningParams, _AbttPcaAbttParams, _FlowParams, _ClusterRecenterParams],
+)
 def test_typed_getters_are_the_generated_ones(mixin):
     """Each Params mixin annotates (for mypy) exactly the getters its declared settings generate, each returning the
     setting's type."""
@@ -138,13 +162,21 @@ def test_typed_model_setters_are_the_added_ones():
     assert all(callable(getattr(CorrectionModel, name)) for name in own)
 
 
-@pytest.mark.parametrize("make", [
-    lambda: AllButTheTopEstimator(D=-1), lambda: AllButTheTopEstimator().setMaxD(-2),
-    lambda: WhiteningEstimator(k=0), lambda: WhiteningEstimator().setShrinkage(2.0),
-    lambda: WhiteningEstimator().setEps(0.0), lambda: ClusterRecenterEstimator(k=0),
-    lambda: ClusterRecenterEstimator().setDistanceMeasure("manhattan"), lambda: FlowEstimator().setLearningRate(0.0),
-    lambda: AbttPcaAbttEstimator().setD2(-1), lambda: FlowEstimator(sampleSize=1),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: AllButTheTopEstimator(D=-1),
+        lambda: AllButTheTopEstimator().setMaxD(-2),
+        lambda: WhiteningEstimator(k=0),
+        lambda: WhiteningEstimator().setShrinkage(2.0),
+        lambda: WhiteningEstimator().setEps(0.0),
+        lambda: ClusterRecenterEstimator(k=0),
+        lambda: ClusterRecenterEstimator().setDistanceMeasure("manhattan"),
+        lambda: FlowEstimator().setLearningRate(0.0),
+        lambda: AbttPcaAbttEstimator().setD2(-1),
+        lambda: FlowEstimator(sampleSize=1),
+    ],
+)
 def test_converters_reject_values_outside_the_constraint(make):
     with pytest.raises(ValueError, match="must be"):
         make()
@@ -171,15 +203,17 @@ def test_output_dtype_is_validated_wherever_it_is_set(spark, frame, tmp_path):
         model.transform(frame, {model.outputDtype: "float16"})
     with pytest.raises(ValueError, match="outputDtype must be one of"):
         model.copy({model.outputDtype: "float16"})
-    assert model.transform(frame, {model.outputDtype: "float32"}).schema["corrected"].dataType.elementType \
-        .simpleString() == "float"
+    assert (
+        model.transform(frame, {model.outputDtype: "float32"}).schema["corrected"].dataType.elementType.simpleString()
+        == "float"
+    )
     path = tmp_path / "center"
     model.save(str(path))
     metadata = next((path / "metadata").glob("part-*"))
     saved = json.loads(metadata.read_text())
     saved["paramMap"]["outputDtype"] = "float16"
     metadata.write_text(json.dumps(saved))
-    for checksum in (path / "metadata").glob(".*.crc"):        # Hadoop would refuse the edited file
+    for checksum in (path / "metadata").glob(".*.crc"):  # Hadoop would refuse the edited file
         checksum.unlink()
     with pytest.raises(ValueError, match="outputDtype must be one of"):
         CorrectionModel.load(str(path))
@@ -187,12 +221,17 @@ def test_output_dtype_is_validated_wherever_it_is_set(spark, frame, tmp_path):
 
 def test_handle_invalid_keeps_or_raises(spark, frame):
     model = CenterEstimator().fit(frame).setHandleInvalid("keep")
-    bad = spark.createDataFrame([(1, [1.0, 2.0, 3.0, 4.0]), (2, [float("nan"), 0.0, 0.0, 0.0]), (None, [1.0] * 4)],
-                                "id long, vector array<double>")
+    bad = spark.createDataFrame(
+        [(1, [1.0, 2.0, 3.0, 4.0]), (2, [float("nan"), 0.0, 0.0, 0.0]), (None, [1.0] * 4)],
+        "id long, vector array<double>",
+    )
     rows = model.transform(bad).collect()
-    assert {(r["id"], r["invalid_reason"], r["corrected"] is None) for r in rows} == \
-        {(2, "non_finite", True), (None, "null_id", True), (1, None, False)}
-    with pytest.raises(Exception, match="invalid input row: non_finite"):      # one partition: the first bad row
+    assert {(r["id"], r["invalid_reason"], r["corrected"] is None) for r in rows} == {
+        (2, "non_finite", True),
+        (None, "null_id", True),
+        (1, None, False),
+    }
+    with pytest.raises(Exception, match="invalid input row: non_finite"):  # one partition: the first bad row
         model.setHandleInvalid("error").transform(bad.coalesce(1)).collect()
     with pytest.raises(ValueError, match="handleInvalid must be one of"):
         model.setHandleInvalid("skip")

@@ -1,4 +1,5 @@
 """The filesystem layer (local paths and file:// URIs) and Delta detection by Delta itself."""
+
 import json
 
 import numpy as np
@@ -16,11 +17,15 @@ def test_paths_and_uris_name_the_same_files(tmp_path):
     storage.write_atomic(uri, '{"x": 1}')
     assert json.loads((tmp_path / "a" / "b.json").read_text()) == {"x": 1}
     assert storage.read_text(str(tmp_path / "a" / "b.json")) == '{"x": 1}'
-    assert storage.is_file(uri) and storage.exists(f"file://{tmp_path}/a") and not storage.is_file(f"file://{tmp_path}/a")
-    assert [p.name for p in (tmp_path / "a").iterdir()] == ["b.json"]          # no temporary left behind
+    assert (
+        storage.is_file(uri) and storage.exists(f"file://{tmp_path}/a") and not storage.is_file(f"file://{tmp_path}/a")
+    )
+    assert [p.name for p in (tmp_path / "a").iterdir()] == ["b.json"]  # no temporary left behind
     assert storage.join("s3a://bucket/models", "v1", "manifest.json") == "s3a://bucket/models/v1/manifest.json"
     assert storage.same_location(str(tmp_path / "t"), f"file://{tmp_path}/t/")
-    assert storage.same_location("s3a://bucket/t", "s3://bucket/t") and not storage.same_location("s3://b/t", "gs://b/t")
+    assert storage.same_location("s3a://bucket/t", "s3://bucket/t") and not storage.same_location(
+        "s3://b/t", "gs://b/t"
+    )
 
 
 def test_artifact_round_trip_and_hash_check_through_a_file_uri(tmp_path):

@@ -1,4 +1,5 @@
 """Seed golden numbers (chapters 3 and 6) and invariants of the numpy corrections and artifacts."""
+
 import json
 import os
 
@@ -9,15 +10,29 @@ from anisotropy_core import synthetic
 from anisotropy_core.artifact import ArtifactError, load_artifact, save_artifact
 from anisotropy_core.diagnostics import diagnose
 from anisotropy_core.moments import Moments
-from anisotropy_core.transforms import (APPLY_BLOCK_ROWS, AllButTheTop, NonFiniteOutputError, TransformInputError,
-                                        choose_d, choose_directions, fit, fit_abtt, fit_center, fit_whitening,
-                                        from_parts)
+from anisotropy_core.transforms import (
+    APPLY_BLOCK_ROWS,
+    AllButTheTop,
+    NonFiniteOutputError,
+    TransformInputError,
+    choose_d,
+    choose_directions,
+    fit,
+    fit_abtt,
+    fit_center,
+    fit_whitening,
+    from_parts,
+)
 
 # chapter 3: raw vectors = centred vectors + mean (3, 0, 0)
-WORDS = np.array([[4.6, 1.0, 0.5],    # cat
-                  [1.4, 0.8, 0.9],    # dog
-                  [1.4, -0.9, -0.6],  # car
-                  [4.6, -0.9, -0.8]])  # truck
+WORDS = np.array(
+    [
+        [4.6, 1.0, 0.5],  # cat
+        [1.4, 0.8, 0.9],  # dog
+        [1.4, -0.9, -0.6],  # car
+        [4.6, -0.9, -0.8],
+    ]
+)  # truck
 # chapter 6: centred (4,3),(2,2),(0,1),(-2,-2),(-4,-4) + mean (6, 5); norms 12.80625 … 2.23607
 SENTENCES = np.array([[10.0, 8.0], [8.0, 7.0], [6.0, 6.0], [4.0, 3.0], [2.0, 1.0]])
 
@@ -37,11 +52,12 @@ def state(x):
 
 # ------------------------------------------------------------------------- chapter 3: cat/dog/car/truck
 
+
 def test_words_mean_and_scatter_eigenvalue():
     s = state(WORDS)
     assert np.allclose(s.mean, [3.0, 0.0, 0.0], atol=1e-12)
     assert np.linalg.norm(s.mean) == pytest.approx(3.0, abs=1e-12)
-    scatter = s.comoment                                  # S = Σ ṽṽᵀ = 4 × covariance
+    scatter = s.comoment  # S = Σ ṽṽᵀ = 4 × covariance
     assert np.allclose(scatter, [[10.24, 0.32, -0.96], [0.32, 3.26, 2.48], [-0.96, 2.48, 2.06]], atol=1e-12)
     abtt = fit_abtt(s, D=1)
     assert abtt.eigenvalues[0] * s.n == pytest.approx(10.3513, abs=5e-5)
@@ -66,8 +82,8 @@ def test_words_post_abtt_cosines_with_the_exact_u1():
     assert c[0, 1] == pytest.approx(0.992498, abs=1e-6)
     assert c[0, 3] == pytest.approx(-0.999982, abs=1e-6)
     assert mean_offdiag(c) == pytest.approx(-0.333323, abs=1e-6)
-    assert np.argmax(np.where(np.eye(4, dtype=bool), -2, c)[0]) == 1      # cat's nearest is dog
-    assert abs(c[np.triu_indices(4, 1)]).min() > 0.99                       # the over-correction symptom
+    assert np.argmax(np.where(np.eye(4, dtype=bool), -2, c)[0]) == 1  # cat's nearest is dog
+    assert abs(c[np.triu_indices(4, 1)]).min() > 0.99  # the over-correction symptom
 
 
 def test_abtt_uses_centred_not_uncentred_covariance():
@@ -78,8 +94,9 @@ def test_abtt_uses_centred_not_uncentred_covariance():
     # the top direction of S = Σ + μμᵀ is essentially μ/‖μ‖ = e1; of Σ it is (0.9936, 0.0060, -0.1129)
     assert abs(u_raw[0]) > 0.999
     assert abs(u_centred @ u_raw) < 0.9999
-    assert not np.allclose(fit_abtt(s, D=1).apply(WORDS),
-                           AllButTheTop(s.mean, u_raw[None, :], np.zeros(3)).apply(WORDS), atol=1e-3)
+    assert not np.allclose(
+        fit_abtt(s, D=1).apply(WORDS), AllButTheTop(s.mean, u_raw[None, :], np.zeros(3)).apply(WORDS), atol=1e-3
+    )
 
 
 def test_abtt_projector_idempotent_and_symmetric():
@@ -93,12 +110,12 @@ def test_abtt_projector_idempotent_and_symmetric():
 
 def test_abtt_no_reindex_identity():
     x = synthetic.cone(200, 16, offset=5.0, alpha=1.0, seed=2)
-    docs, queries = x[:150], x[150:] + 0.3       # queries from a shifted distribution: identity still exact
+    docs, queries = x[:150], x[150:] + 0.3  # queries from a shifted distribution: identity still exact
     abtt = fit_abtt(state(docs), D=2)
-    exact = abtt.apply(docs) @ abtt.apply(queries).T          # (150, 50)
+    exact = abtt.apply(docs) @ abtt.apply(queries).T  # (150, 50)
     q_prime, offset = abtt.query_side(queries)
     assert np.allclose(docs @ q_prime.T - offset, exact, atol=1e-10)
-    raw_scores = docs @ q_prime.T                             # per-query constant shift: same ranking
+    raw_scores = docs @ q_prime.T  # per-query constant shift: same ranking
     assert (np.argsort(-raw_scores, axis=0) == np.argsort(-exact, axis=0)).all()
 
 
@@ -112,18 +129,19 @@ def test_choose_d_rules():
     assert choose_d(lam, 2000, 50) == (1, "rule_of_thumb_d/100 (unverified)")
     assert choose_d(lam, 2000, 50, max_D=0) == (0, "rule_of_thumb_d/100 (unverified)")
     assert choose_d(lam, 2000, 50, D=4) == (4, "explicit")
-    assert choose_d(lam[:40], 30, 400) == (4, "rule_of_thumb_d/100 (unverified)")         # n ≤ d
+    assert choose_d(lam[:40], 30, 400) == (4, "rule_of_thumb_d/100 (unverified)")  # n ≤ d
     assert choose_directions(lam, 2000, 50, "marchenko_pastur") == (list(range(1, above + 1)), "marchenko_pastur")
     with pytest.raises(ValueError, match="D=50"):
         choose_d(lam, 2000, 50, D=50)
     big = synthetic.cone(3000, 300, offset=3.0, alpha=1.0, seed=5)
     model = fit_abtt(state(big))
     assert model.params() == {"D": 3, "d_rule": "rule_of_thumb_d/100 (unverified)", "directions": [1, 2, 3]}
-    assert diagnose(big)["mp_above_upper"] > 3                                   # what the old default removed
+    assert diagnose(big)["mp_above_upper"] > 3  # what the old default removed
     assert fit_abtt(state(big), max_D=2).directions == [1, 2]
 
 
 # ------------------------------------------------------------------------ chapter 6: five sentences
+
 
 def test_sentences_whitening_matrix_and_identity_covariance():
     s = state(SENTENCES)
@@ -131,18 +149,17 @@ def test_sentences_whitening_matrix_and_identity_covariance():
     w = fit_whitening(s)
     assert np.allclose(w.eigenvalues, [14.62496, 0.17504], atol=5e-6)
     book = np.array([[0.192425, -1.618401], [0.177056, 1.758878]])
-    signs = np.sign(np.sum(w.matrix * book, axis=0))                 # columns only up to sign
+    signs = np.sign(np.sum(w.matrix * book, axis=0))  # columns only up to sign
     assert np.allclose(w.matrix * signs, book, atol=1e-6)
     z = w.apply(SENTENCES)
     assert np.allclose(np.abs(z[0]), [1.30087, 1.19697], atol=5e-6)
     assert np.allclose(np.cov(z.T, bias=True), np.eye(2), atol=1e-5)
     c = cosines(z)
-    assert c[1, 3] == pytest.approx(-1.0, abs=1e-12)    # s2, s4, s5 collinear after centring
+    assert c[1, 3] == pytest.approx(-1.0, abs=1e-12)  # s2, s4, s5 collinear after centring
     assert c[1, 4] == pytest.approx(-1.0, abs=1e-12)
     assert c[3, 4] == pytest.approx(1.0, abs=1e-12)
-    r5 = 1 / np.sqrt(5)                                # the recurring ±0.44721
-    assert np.allclose([c[0, 1], c[0, 3], c[0, 4], c[1, 2], c[2, 3], c[2, 4]], [r5, -r5, -r5, r5, -r5, -r5],
-                       atol=1e-12)
+    r5 = 1 / np.sqrt(5)  # the recurring ±0.44721
+    assert np.allclose([c[0, 1], c[0, 3], c[0, 4], c[1, 2], c[2, 3], c[2, 4]], [r5, -r5, -r5, r5, -r5, -r5], atol=1e-12)
     assert c[0, 2] == pytest.approx(-0.6, abs=1e-12)
 
 
@@ -155,7 +172,7 @@ def test_whitening_rotation_freedom_and_zca():
     assert np.allclose(cosines(z), cosines(zr), atol=1e-10)
     zca = fit_whitening(state(x), zca=True)
     assert np.allclose(zca.matrix, zca.matrix.T, atol=1e-10)
-    assert np.allclose(cosines(zca.apply(x)), cosines(z), atol=1e-10)   # ZCA = W Uᵀ: one more rotation
+    assert np.allclose(cosines(zca.apply(x)), cosines(z), atol=1e-10)  # ZCA = W Uᵀ: one more rotation
 
 
 def test_whitening_k_shrinkage_normalize():
@@ -171,17 +188,17 @@ def test_whitening_k_shrinkage_normalize():
     unit = fit_whitening(state(x), k=4, normalize=True).apply(x)
     assert np.allclose(np.linalg.norm(unit, axis=1), 1.0, atol=1e-12)
     with pytest.raises(NonFiniteOutputError, match="row 0"):
-        fit_whitening(state(x), normalize=True).apply(state(x).mean)   # a vector equal to μ
+        fit_whitening(state(x), normalize=True).apply(state(x).mean)  # a vector equal to μ
 
 
 def test_whitening_n_less_than_d_has_no_inf_or_nan():
-    x = synthetic.cone(10, 40, offset=2.0, alpha=1.0, seed=7)     # covariance rank ≤ 9
+    x = synthetic.cone(10, 40, offset=2.0, alpha=1.0, seed=7)  # covariance rank ≤ 9
     full = fit_whitening(state(x))
-    assert full.k == 9 and full.clamped == 0           # issue 43: from moments too, k is capped at the rank n − 1
+    assert full.k == 9 and full.clamped == 0  # issue 43: from moments too, k is capped at the rank n − 1
     assert np.isfinite(full.matrix).all() and np.isfinite(full.apply(x)).all()
     with pytest.raises(ValueError, match="span"):
         fit_whitening(state(x), k=20)
-    k = fit_whitening(state(x), k=5)                               # k < n: exactly white in 5 dims
+    k = fit_whitening(state(x), k=5)  # k < n: exactly white in 5 dims
     assert k.clamped == 0
     assert np.allclose(np.cov(k.apply(x).T, bias=True), np.eye(5), atol=1e-8)
     shrunk = fit_whitening(state(x), shrinkage=0.1)
@@ -194,13 +211,13 @@ def test_whitening_from_moments_with_n_below_d_keeps_held_out_norms_moderate():
     """Seed chapter 6: with n < d, clamping the d − n + 1 zero eigenvalues to eps·λ₁ scales a held-out vector's
     component in those null directions by 1/√(eps·λ₁) — its whitened norm explodes. The rank cap keeps it."""
     rows = synthetic.cone(80, 100, offset=2.0, alpha=1.0, seed=12)
-    corpus, held_out = rows[:60], rows[60:]                          # same distribution, not in the fit
+    corpus, held_out = rows[:60], rows[60:]  # same distribution, not in the fit
     capped = fit_whitening(state(corpus))
     assert capped.k == 59 and capped.d_out == 59
     clamp_only = fit_whitening(state(corpus), k=100, shrinkage=1e-12)  # a vanishing shrinkage lifts the cap:
     # all d directions kept, the null ones only clamped — the fit a moments state gave before issue 43
     assert clamp_only.k == 100
-    train = np.linalg.norm(capped.apply(corpus), axis=1).mean()     # ≈ √k: unit variance in k directions
+    train = np.linalg.norm(capped.apply(corpus), axis=1).mean()  # ≈ √k: unit variance in k directions
     assert np.linalg.norm(capped.apply(held_out), axis=1).max() < 10 * train
     assert np.linalg.norm(clamp_only.apply(held_out), axis=1).min() > 1e4 * train
 
@@ -223,8 +240,10 @@ def test_center_and_input_errors():
 
 # ------------------------------------------------------------------------------------------ artifact
 
-@pytest.mark.parametrize("method,params", [("center", {}), ("abtt", {"D": 2}),
-                                           ("whitening", {"k": 3, "shrinkage": 0.1, "zca": True})])
+
+@pytest.mark.parametrize(
+    "method,params", [("center", {}), ("abtt", {"D": 2}), ("whitening", {"k": 3, "shrinkage": 0.1, "zca": True})]
+)
 def test_artifact_roundtrip(tmp_path, method, params):
     x = synthetic.cone(200, 6, offset=3.0, alpha=1.0, seed=8)
     t = fit(method, state(x), **params)
@@ -297,11 +316,14 @@ def test_direction_rules():
     assert choose_directions(lam, 2000, 50, "marchenko_pastur") == (list(range(1, above + 1)), "marchenko_pastur")
     assert choose_directions(lam, 2000, 50, "marchenko_pastur", max_D=2) == ([1, 2], "marchenko_pastur_capped")
     assert choose_directions(lam, 2000, 50, "rule_of_thumb") == ([1], "rule_of_thumb_d/100 (unverified)")
-    assert choose_directions(lam, 2000, 50) == ([1], "rule_of_thumb_d/100 (unverified)")   # issue 43: the default
+    assert choose_directions(lam, 2000, 50) == ([1], "rule_of_thumb_d/100 (unverified)")  # issue 43: the default
     spearman_only = [{"index": 2, "abs_corr": {"len": 0.3}, "abs_spearman": {"len": 0.8}}]
     assert choose_directions(lam, 2000, 50, "artefact", artefact_directions=spearman_only) == ([2], "artefact")
-    rows = [{"index": 1, "abs_corr": {"len": 0.2}}, {"index": 3, "abs_corr": {"len": -0.0, "freq": 0.7}},
-            {"index": 49, "abs_corr": {"freq": 0.9}}]                 # 49 is below the MP edge: never evidence
+    rows = [
+        {"index": 1, "abs_corr": {"len": 0.2}},
+        {"index": 3, "abs_corr": {"len": -0.0, "freq": 0.7}},
+        {"index": 49, "abs_corr": {"freq": 0.9}},
+    ]  # 49 is below the MP edge: never evidence
     assert choose_directions(lam, 2000, 50, "artefact", artefact_directions=rows) == ([3], "artefact")
     assert choose_directions(lam, 2000, 50, "artefact", artefact_directions=rows, artefact_corr=0.1)[0] == [1, 3]
     with pytest.raises(ValueError, match="1..50"):
@@ -315,7 +337,7 @@ def test_whitening_after_abtt_drops_the_removed_directions():
     s = state(x)
     both = fit_whitening(s, k=5, exclude=[1, 3])
     abtt = fit_abtt(s, directions=[1, 3])
-    direct = fit_whitening(Moments.of_batch(abtt.apply(x)), k=5)     # ABTT, then whiten what is left
+    direct = fit_whitening(Moments.of_batch(abtt.apply(x)), k=5)  # ABTT, then whiten what is left
     assert np.allclose(np.abs(both.apply(x).T @ direct.apply(x)) / x.shape[0], np.eye(5), atol=1e-6)
     assert np.allclose(np.cov(both.apply(x), rowvar=False, bias=True), np.eye(5), atol=1e-8)
     with pytest.raises(ValueError, match="k=11"):
@@ -324,25 +346,27 @@ def test_whitening_after_abtt_drops_the_removed_directions():
 
 # ------------------------------------------------------------------------- blocked apply (issue 9)
 
+
 def batch_of_blocks(d=12, seed=3):
     """float32 rows spanning three apply blocks (the last one partial), and their float64 copy."""
     x = synthetic.cone(2 * APPLY_BLOCK_ROWS + 300, d, offset=3.0, alpha=1.0, seed=seed).astype(np.float32)
     return x, x.astype(np.float64)
 
 
-@pytest.mark.parametrize("method, params", [("center", {}), ("abtt", {"D": 2}), ("whitening", {"k": 5}),
-                                            ("whitening", {"normalize": True})])
+@pytest.mark.parametrize(
+    "method, params", [("center", {}), ("abtt", {"D": 2}), ("whitening", {"k": 5}), ("whitening", {"normalize": True})]
+)
 def test_blocked_apply_equals_the_whole_batch_formula_for_float32_and_float64(method, params):
     x32, x64 = batch_of_blocks()
     t = fit(method, state(x64), **params)
-    whole = t._map(x64 - t.mean)                                  # the formula on the whole batch at once
+    whole = t._map(x64 - t.mean)  # the formula on the whole batch at once
     if params.get("normalize"):
         whole = (x64 - t.mean) @ t.matrix
         whole /= np.linalg.norm(whole, axis=1, keepdims=True)
     out64 = t.apply(x64)
     assert out64.dtype == np.float64 and out64.shape == (x64.shape[0], t.d_out)
     np.testing.assert_allclose(out64, whole, rtol=1e-12, atol=1e-12)
-    np.testing.assert_array_equal(t.apply(x32), out64)            # float32 in: the same float64 numbers
+    np.testing.assert_array_equal(t.apply(x32), out64)  # float32 in: the same float64 numbers
     out32 = t.apply(x32, np.float32)
     assert out32.dtype == np.float32
     np.testing.assert_array_equal(out32, out64.astype(np.float32))  # computed in float64, then cast
@@ -365,7 +389,7 @@ def test_blocked_apply_overwrites_its_scratch_never_the_callers_rows(method, par
 
 def test_blocked_apply_errors_name_the_row_of_the_batch_not_of_the_block():
     x32, x64 = batch_of_blocks()
-    row = APPLY_BLOCK_ROWS + 17                                   # in the second block
+    row = APPLY_BLOCK_ROWS + 17  # in the second block
     bad = x64.copy()
     bad[row, 4] = np.inf
     with pytest.raises(TransformInputError, match=f"row {row}, column 4") as info:
@@ -378,10 +402,11 @@ def test_blocked_apply_errors_name_the_row_of_the_batch_not_of_the_block():
         white.apply(at_mean)
     assert info.value.row == row
     huge = x64.copy()
-    huge[row] = 1e39                                              # finite in float64, not in float32
+    huge[row] = 1e39  # finite in float64, not in float32
     centre = fit("center", state(x64))
     assert np.isfinite(centre.apply(huge)).all()
-    with pytest.raises(NonFiniteOutputError, match=f"center: row {row}: non-finite output value after the cast "
-                                                   "to float32") as info:
+    with pytest.raises(
+        NonFiniteOutputError, match=f"center: row {row}: non-finite output value after the cast to float32"
+    ) as info:
         centre.apply(huge, np.float32)
     assert info.value.row == row

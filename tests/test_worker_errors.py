@@ -1,6 +1,7 @@
 """Errors raised in Python workers reach the driver as their own class (issue 44, item 4), and the contract's
 length checks (issue 45): ``norm_overflow``, ``norm_outlier`` and the length sketch the median comes from.
 Numpy and pyarrow only, but for one Spark action showing a task's typed error arriving through Spark's wrapping."""
+
 import pickle
 
 import numpy as np
@@ -8,17 +9,26 @@ import pyarrow as pa
 import pytest
 
 from anisotropy_core.norms import MEDIAN_ERROR, LengthSketch, max_norm
-from anisotropy_spark.contract import (ForeignDimensionError, InvalidRowError, InvalidRowsError, TransformRowError,
-                                       check_batch)
+from anisotropy_spark.contract import (
+    ForeignDimensionError,
+    InvalidRowError,
+    InvalidRowsError,
+    TransformRowError,
+    check_batch,
+)
 from anisotropy_spark.table_files import FileLayoutError
-from anisotropy_spark.worker_errors import (FRAME_START, WorkerFailure, decode, frame, raised_in_workers,
-                                            worker_error)
+from anisotropy_spark.worker_errors import FRAME_START, WorkerFailure, decode, frame, raised_in_workers, worker_error
 
-ERRORS = [InvalidRowError(id_col="id", row_id=7, column="vector", reason="non_finite"),
-          ForeignDimensionError(length=8, dimension=16),
-          TransformRowError(column="vector", row={"id": 3, "title": "x"}, reason="center: row 0: non-finite output "
-                                                                               "value after the cast to float32"),
-          FileLayoutError("part-0.parquet has no column(s) ['tokens']")]
+ERRORS = [
+    InvalidRowError(id_col="id", row_id=7, column="vector", reason="non_finite"),
+    ForeignDimensionError(length=8, dimension=16),
+    TransformRowError(
+        column="vector",
+        row={"id": 3, "title": "x"},
+        reason="center: row 0: non-finite output value after the cast to float32",
+    ),
+    FileLayoutError("part-0.parquet has no column(s) ['tokens']"),
+]
 
 
 @pytest.mark.parametrize("error", ERRORS, ids=lambda e: type(e).__name__)
@@ -30,9 +40,11 @@ def test_a_frame_and_a_pickle_give_back_the_class_and_its_fields(error):
 
 def test_the_messages_name_row_column_and_reason():
     invalid, foreign, transform, layout = (str(e) for e in ERRORS)
-    assert invalid == ("invalid input row: non_finite in column 'vector', id [7]; nothing was written. "
-                       "Fix the input or set on_invalid: quarantine.")
-    assert isinstance(ERRORS[0], InvalidRowsError)               # the exit-5 class the driver already catches
+    assert invalid == (
+        "invalid input row: non_finite in column 'vector', id [7]; nothing was written. "
+        "Fix the input or set on_invalid: quarantine."
+    )
+    assert isinstance(ERRORS[0], InvalidRowsError)  # the exit-5 class the driver already catches
     assert foreign == "input vectors have dimension 8, not the transform's 16"
     assert transform.endswith("after the cast to float32 [column 'vector', row {'id': 3, 'title': 'x'}]")
     assert layout == "part-0.parquet has no column(s) ['tokens']"
@@ -41,9 +53,9 @@ def test_the_messages_name_row_column_and_reason():
 def test_only_registered_well_formed_frames_decode():
     assert decode("no frame here") is None
     assert decode(FRAME_START + "not base64!" + ">") is None
-    unknown = FRAME_START + "eyJ0eXBlIjogIm9zLnN5c3RlbSIsICJmaWVsZHMiOiB7fX0=" + ">"   # {"type": "os.system", ...}
+    unknown = FRAME_START + "eyJ0eXBlIjogIm9zLnN5c3RlbSIsICJmaWVsZHMiOiB7fX0=" + ">"  # {"type": "os.system", ...}
     assert decode(unknown) is None
-    assert isinstance(decode(unknown + " " + frame(ERRORS[1])), ForeignDimensionError)   # the next frame is read
+    assert isinstance(decode(unknown + " " + frame(ERRORS[1])), ForeignDimensionError)  # the next frame is read
     with pytest.raises(TypeError, match="takes the fields"):
         ForeignDimensionError(length=8)
 
@@ -56,7 +68,7 @@ def test_the_wrapper_frames_worker_errors_only_and_the_cause_chain_is_searched()
 
     with pytest.raises(WorkerFailure) as framed:
         list(task(ERRORS[0]))
-    with pytest.raises(OSError, match="disk gone"):        # an I/O error stays itself: Spark retries the task
+    with pytest.raises(OSError, match="disk gone"):  # an I/O error stays itself: Spark retries the task
         list(task(OSError("disk gone")))
     try:
         raise RuntimeError("py4j said so") from framed.value
@@ -82,7 +94,7 @@ def test_a_typed_error_raised_in_a_spark_task_arrives_as_its_class(spark):
 
     with pytest.raises(Exception) as caught:
         spark.range(10).mapInArrow(fails, "id long").collect()
-    assert not isinstance(caught.value, InvalidRowError)            # Spark's wrapping, holding the frame
+    assert not isinstance(caught.value, InvalidRowError)  # Spark's wrapping, holding the frame
     found = worker_error(caught.value)
     assert isinstance(found, InvalidRowError) and (found.row_id, found.reason) == (5, "zero_norm")
 
@@ -92,8 +104,9 @@ def batch_of(rows, element=pa.float64()):
 
 
 def test_squared_lengths_that_overflow_float64_are_norm_overflow_not_float32s_largest():
-    checked = check_batch(batch_of([[1e300, 0.0], [3.0, 4.0], [0.0, 0.0], [np.nan, 1.0], [1e200, 1e200]]),
-                          "vector", "id", 2)
+    checked = check_batch(
+        batch_of([[1e300, 0.0], [3.0, 4.0], [0.0, 0.0], [np.nan, 1.0], [1e200, 1e200]]), "vector", "id", 2
+    )
     assert list(checked.reasons) == ["norm_overflow", None, "zero_norm", "non_finite", "norm_overflow"]
     assert checked.lengths.tolist() == [5.0]
     big = check_batch(batch_of([[3e38, 3e38], [1.0, 0.0]], pa.float32()), "vector", "id", 2)
@@ -102,8 +115,12 @@ def test_squared_lengths_that_overflow_float64_are_norm_overflow_not_float32s_la
 
 def test_rows_longer_than_max_norm_are_norm_outlier_after_every_other_reason():
     rows = [[3.0, 4.0], [300.0, 400.0], [1e300, 1.0], [np.inf, 1e9]]
-    assert check_batch(batch_of(rows), "vector", "id", 2).reasons.tolist() == \
-        [None, None, "norm_overflow", "non_finite"]
+    assert check_batch(batch_of(rows), "vector", "id", 2).reasons.tolist() == [
+        None,
+        None,
+        "norm_overflow",
+        "non_finite",
+    ]
     checked = check_batch(batch_of(rows), "vector", "id", 2, max_norm=100.0)
     assert checked.reasons.tolist() == [None, "norm_outlier", "norm_overflow", "non_finite"]
     assert checked.matrix.tolist() == [[3.0, 4.0]] and checked.lengths.tolist() == [5.0]

@@ -19,6 +19,7 @@ Writes two Parquet files (vectors ``array<float>``, 384-d):
   (whole-word pieces; stopwords are the most contextual words, finding three of chapter 4), plus every
   token of ``FULL_SENTENCES`` short sentences.
 """
+
 from __future__ import annotations
 
 import collections
@@ -33,11 +34,13 @@ import pyarrow.parquet as pq
 LAYERS = (0, 3, 6)
 BATCH = 32
 MAX_TOKENS = 128
-WORDS = 6            # most frequent stopwords and, as many again, most frequent content words
+WORDS = 6  # most frequent stopwords and, as many again, most frequent content words
 OCCURRENCES = 20
 FULL_SENTENCES = 12
-STOPWORDS = frozenset("the a an is are was be it its this that these those of in on to for with and or not as at "
-                      "by from but if then than so you your we our they their one can has have what which".split())
+STOPWORDS = frozenset(
+    "the a an is are was be it its this that these those of in on to for with and or not as at "
+    "by from but if then than so you your we our they their one can has have what which".split()
+)
 
 
 def split_sentences(text: str) -> list[str]:
@@ -65,8 +68,13 @@ def embed(sentences: list[str]):
     ids = []
     with torch.no_grad():
         for start in range(0, len(sentences), BATCH):
-            enc = tokenizer(sentences[start:start + BATCH], padding=True, truncation=True,
-                            max_length=MAX_TOKENS, return_tensors="pt")
+            enc = tokenizer(
+                sentences[start : start + BATCH],
+                padding=True,
+                truncation=True,
+                max_length=MAX_TOKENS,
+                return_tensors="pt",
+            )
             states = model(**enc, output_hidden_states=True).hidden_states
             lengths = enc["attention_mask"].sum(1).tolist()
             for row, length in enumerate(lengths):
@@ -95,8 +103,17 @@ def sentence_table(sentences, hidden, ids) -> pa.Table:
             cols["vector"].append(hidden[layer][sid].mean(axis=0))
             cols["token_count"].append(len(ids[sid]))
             cols["char_length"].append(len(sentence))
-    return _table(cols, {"id": pa.int64(), "sentence_id": pa.int32(), "sentence": pa.string(), "layer": pa.int32(),
-                         "token_count": pa.int32(), "char_length": pa.int32()})
+    return _table(
+        cols,
+        {
+            "id": pa.int64(),
+            "sentence_id": pa.int32(),
+            "sentence": pa.string(),
+            "layer": pa.int32(),
+            "token_count": pa.int32(),
+            "char_length": pa.int32(),
+        },
+    )
 
 
 def token_table(hidden, ids, tokenizer) -> pa.Table:
@@ -104,14 +121,18 @@ def token_table(hidden, ids, tokenizer) -> pa.Table:
 
     def whole_words(toks):
         """(position, word) of word pieces that are whole lowercase words (not followed by a ## piece)."""
-        return [(i, t) for i, t in enumerate(toks) if t.isalpha() and len(t) > 1
-                and not (i + 1 < len(toks) and toks[i + 1].startswith("##"))]
+        return [
+            (i, t)
+            for i, t in enumerate(toks)
+            if t.isalpha() and len(t) > 1 and not (i + 1 < len(toks) and toks[i + 1].startswith("##"))
+        ]
 
     doc_freq = collections.Counter(w for toks in pieces for w in {w for _, w in whole_words(toks)})
     ranked = [w for w, _ in doc_freq.most_common()]
-    chosen = ([w for w in ranked if w in STOPWORDS][:WORDS]
-              + [w for w in ranked if w not in STOPWORDS and len(w) > 3][:WORDS])
-    wanted = {}                                        # (sentence_id, position) → word piece
+    chosen = [w for w in ranked if w in STOPWORDS][:WORDS] + [w for w in ranked if w not in STOPWORDS and len(w) > 3][
+        :WORDS
+    ]
+    wanted = {}  # (sentence_id, position) → word piece
     taken, seen = collections.Counter(), set()
     for sid, toks in enumerate(pieces):
         for pos, w in whole_words(toks):
@@ -135,13 +156,24 @@ def token_table(hidden, ids, tokenizer) -> pa.Table:
             cols["vector"].append(hidden[layer][sid][pos])
             cols["full_sentence"].append(sid in full)
     print(f"token table: words {chosen}; {len(wanted)} tokens × {len(LAYERS)} layers")
-    return _table(cols, {"id": pa.int64(), "sentence_id": pa.int32(), "layer": pa.int32(), "position": pa.int32(),
-                         "word": pa.string(), "full_sentence": pa.bool_()})
+    return _table(
+        cols,
+        {
+            "id": pa.int64(),
+            "sentence_id": pa.int32(),
+            "layer": pa.int32(),
+            "position": pa.int32(),
+            "word": pa.string(),
+            "full_sentence": pa.bool_(),
+        },
+    )
 
 
 def _table(cols: dict, types: dict) -> pa.Table:
-    arrays = {name: (vector_column(values) if name == "vector" else pa.array(values, types[name]))
-              for name, values in cols.items()}
+    arrays = {
+        name: (vector_column(values) if name == "vector" else pa.array(values, types[name]))
+        for name, values in cols.items()
+    }
     return pa.table(arrays)
 
 
@@ -150,12 +182,16 @@ def main(text_path: str, out_dir: str) -> None:
     hidden, ids, tokenizer = embed(sentences)
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for name, table in (("demo_corpus.parquet", sentence_table(sentences, hidden, ids)),
-                        ("demo_tokens.parquet", token_table(hidden, ids, tokenizer))):
+    for name, table in (
+        ("demo_corpus.parquet", sentence_table(sentences, hidden, ids)),
+        ("demo_tokens.parquet", token_table(hidden, ids, tokenizer)),
+    ):
         pq.write_table(table, out / name, compression="zstd", compression_level=19)
         print(f"wrote {out / name}: {table.num_rows} rows, {(out / name).stat().st_size / 1e6:.2f} MB")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "/work/shared/seed/anisotropy-narrow-cone.txt",
-         sys.argv[2] if len(sys.argv) > 2 else str(pathlib.Path(__file__).resolve().parent.parent / "data"))
+    main(
+        sys.argv[1] if len(sys.argv) > 1 else "/work/shared/seed/anisotropy-narrow-cone.txt",
+        sys.argv[2] if len(sys.argv) > 2 else str(pathlib.Path(__file__).resolve().parent.parent / "data"),
+    )

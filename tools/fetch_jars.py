@@ -3,6 +3,7 @@
 The pip package ``delta-spark`` carries only the Python API; the JVM side lives on Maven Central.
 Downloading the two jars once lets every later Spark session start offline.
 """
+
 import hashlib
 import pathlib
 import sys

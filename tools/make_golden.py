@@ -7,6 +7,7 @@ Every cloud is regenerated from its generator name, keyword arguments and seed b
 ``anisotropy_core.synthetic`` (pure numpy), so the test recomputes the same cloud without torch and compares
 ``anisotropy_core.isotropy_measures.isoscore`` with the stored reference value.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,7 +39,7 @@ def make_cloud(generator: str, kwargs: dict) -> np.ndarray:
     if generator == "low_rank":
         rng = np.random.default_rng(kwargs["seed"])
         x = np.zeros((kwargs["n"], kwargs["d"]))
-        x[:, :kwargs["k"]] = rng.normal(size=(kwargs["n"], kwargs["k"]))
+        x[:, : kwargs["k"]] = rng.normal(size=(kwargs["n"], kwargs["k"]))
         return x
     args = dict(kwargs)
     if generator == "mixture":
@@ -58,8 +59,10 @@ def main(out_path: str) -> None:
         value = float(IsoScore(make_cloud(generator, kwargs)))
         entries.append({"name": name, "generator": generator, "kwargs": kwargs, "isoscore": value})
         print(f"{name:28s} {value:.12f}")
-    payload = {"reference": f"isoscore {version('isoscore')} (IsoScore.IsoScore.IsoScore), torch {torch.__version__}",
-               "clouds": entries}
+    payload = {
+        "reference": f"isoscore {version('isoscore')} (IsoScore.IsoScore.IsoScore), torch {torch.__version__}",
+        "clouds": entries,
+    }
     out = pathlib.Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
