@@ -56,6 +56,7 @@ from anisotropy_core.methods import Method
 from anisotropy_core.moments import Moments
 from anisotropy_core.transforms import FittedTransform
 from anisotropy_spark.evaluation import (
+    PairRows,
     QuerySet,
     distributed_top_k,
     integral_ids,
@@ -131,18 +132,7 @@ def run_evaluation(
     ``published_transform`` (None: it carries the raw vectors). Returns (record, {name: transform fitted on all
     rows}, the grid). ``min_overlap``: with ``overlap``, candidates whose mean neighbour overlap is below it are left
     out of the choice (the nightly's neighbour gate would refuse them)."""
-    queries = (
-        read_queries(
-            spark, config.queries, config.query_id_col, config.query_vector_col, config.relevant_col, dimension
-        )
-        if config.queries
-        else None
-    )
-    pairs = (
-        pair_rows(valid, vector_col, id_col, dimension, read_table(spark, config.pairs, None)[0], *config.pair_cols)
-        if config.pairs
-        else None
-    )
+    queries, pairs = labelled_inputs(spark, valid, vector_col, id_col, dimension, config)
     fold_states, fold_of = held_out_states(state, queries, config)
     pair_state = state.remove(Moments.of_batch(pairs.distinct_rows())) if pairs is not None else None
     min_n = min(s.n for s in [*fold_states.values(), pair_state] if s is not None)
@@ -342,6 +332,26 @@ def neighbour_check(
     return overlaps(lists, ["applied"])["applied"]
 
 
+def labelled_inputs(
+    spark: SparkSession, valid: DataFrame, vector_col: str, id_col: str, dimension: int, config: EvaluationConfig
+) -> tuple[QuerySet | None, PairRows | None]:
+    """(the ``queries`` of ``config`` read with their relevant ids, the ``pairs`` joined to the rows of ``valid``);
+    either None when the block names none."""
+    queries = (
+        read_queries(
+            spark, config.queries, config.query_id_col, config.query_vector_col, config.relevant_col, dimension
+        )
+        if config.queries
+        else None
+    )
+    pairs = (
+        pair_rows(valid, vector_col, id_col, dimension, read_table(spark, config.pairs, None)[0], *config.pair_cols)
+        if config.pairs
+        else None
+    )
+    return queries, pairs
+
+
 def score_applied(
     spark: SparkSession,
     valid: DataFrame,
@@ -356,18 +366,7 @@ def score_applied(
     in-sample — which favours the transform: a refusal on it is conservative) on every query / pair, one pass,
     with the paired bootstrap; plus the neighbour overlap. Returns ``{"candidates", "intervals",
     "neighbour_overlap", "raw", "applied"}``."""
-    queries = (
-        read_queries(
-            spark, config.queries, config.query_id_col, config.query_vector_col, config.relevant_col, dimension
-        )
-        if config.queries
-        else None
-    )
-    pairs = (
-        pair_rows(valid, vector_col, id_col, dimension, read_table(spark, config.pairs, None)[0], *config.pair_cols)
-        if config.pairs
-        else None
-    )
+    queries, pairs = labelled_inputs(spark, valid, vector_col, id_col, dimension, config)
     fitted = {RAW: None, "applied": transform}
     fold_of = None if queries is None else np.zeros(queries.ids.shape[0], dtype=np.int64)
     lists = scored_lists(
