@@ -85,8 +85,9 @@ class OutputFacts:
     * ``moments`` — the output rows' full :class:`Moments`, gathered only for a correction that is not affine
       (None otherwise: :func:`affine_output_moments` gives them),
     * ``raw_top``, ``corrected_top`` — the neighbour-overlap queries' partial top-k lists (scores (m, k), row keys
-      (m, k)) in the raw and corrected spaces, or None without the check. A row key is the row's place in the pass
-      (:func:`anisotropy_core.row_keys.row_ids` of its partition and index), the same in both spaces.
+      (m, k)) in the raw and corrected spaces, or None without the check. A row key is the row's integer id, or
+      its place in the pass (:func:`anisotropy_core.row_keys.row_ids` of its partition and index), the same in both
+      spaces.
     """
 
     rows: int

@@ -42,6 +42,30 @@ def xxhash64_long(values: np.ndarray, seed: np.ndarray | np.uint64) -> np.ndarra
         return h ^ (h >> np.uint64(32))
 
 
+def xxhash64_int(values: np.ndarray, seed: np.ndarray | np.uint64) -> np.ndarray:
+    """(m,) uint64 XXH64 of 4-byte values ``values`` (m,) (int32) from ``seed``: Spark's ``XXH64.hashInt``."""
+    v = np.asarray(values).astype(np.int32, copy=False).view(np.uint32).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        h = np.asarray(seed, dtype=np.uint64) + _PRIME_5 + np.uint64(4)
+        h = h ^ (v * _PRIME_1)
+        h = _rotate_left(h, 23) * _PRIME_2 + _PRIME_3
+        h = h ^ (h >> np.uint64(33))
+        h = h * _PRIME_2
+        h = h ^ (h >> np.uint64(29))
+        h = h * _PRIME_3
+        return h ^ (h >> np.uint64(32))
+
+
+def id_seed_hash(ids: np.ndarray, seed: int) -> np.ndarray:
+    """(m,) int64 Spark SQL's ``xxhash64(id, seed)`` of integer ids (m,) and an int ``seed`` literal, as
+    ``F.xxhash64(F.col(id), F.lit(seed))`` computes it: a 64-bit id is hashed as a long, a narrower one as an int,
+    then the seed as an int."""
+    ids = np.asarray(ids)
+    start = np.uint64(SPARK_XXHASH64_SEED)
+    first = xxhash64_long(ids, start) if ids.dtype.itemsize == 8 else xxhash64_int(ids, start)
+    return xxhash64_int(np.full(ids.shape[0], seed, dtype=np.int32), first).view(np.int64)
+
+
 def row_ids(partition: int, rows: np.ndarray) -> np.ndarray:
     """(m,) int64 ``monotonically_increasing_id()`` of rows ``rows`` (m,) (indices within ``partition``)."""
     return (np.int64(partition) << np.int64(ROW_ID_PARTITION_SHIFT)) + np.asarray(rows, dtype=np.int64)

@@ -208,6 +208,7 @@ class ValidatedInput:
     invalid_by_reason: dict[str, int]
     moments: Moments | None = None  # the valid rows' merged moments (``with_moments``), else None
     drawn: pa.Table | None = None  # valid rows drawn in the moments pass for ``sample`` (see :func:`validate`)
+    lowest: pa.Table | None = None  # ``sample.lowest`` valid rows of smallest id hash, drawn in that pass (or None)
     reader: str | None = None  # what read the moments pass (``with_moments``): "pyarrow" or "spark (…)"
     median_length: float | None = None  # the valid rows' median length, from the pass's sketch (None: no sketch)
     max_norm: float | None = None  # the norm-outlier limit (None: the rule off); rows above it are invalid
@@ -242,8 +243,8 @@ def validate(
     so a job that needs the valid rows' moments (diagnose, nightly, a moment-based fit) reads the vectors once;
     the result's ``moments`` holds them, recomputed in one more pass only when duplicated ids or norm outliers were
     set aside. ``sample`` (with ``with_moments``): that pass also draws a random sample of the valid rows
-    (:mod:`.row_sample`), the result's ``drawn``; None when rows were set aside after it (the rows drawn may hold
-    them). ``files`` (with ``with_moments``): ``df``'s data files, which pyarrow then reads for that pass where it
+    (:mod:`.row_sample`), the result's ``drawn`` (and, with ``sample.lowest``, its ``lowest`` rows of smallest id
+    hash); None when rows were set aside after it (the rows drawn may hold them). ``files`` (with ``with_moments``): ``df``'s data files, which pyarrow then reads for that pass where it
     can (:func:`~anisotropy_spark.moments.checked_moments`); the result's ``reader`` says which reader ran.
 
     ``max_norm_ratio`` (None or 0: off): rows longer than it × the median length of the valid rows are invalid,
@@ -256,11 +257,12 @@ def validate(
     require_column(df, id_col, "id")
     d = dimension if dimension is not None else infer_dimension(df, vector_col)
     state, drawn, reader, median, threshold, limit = None, None, None, None, None, None
+    lowest = None
     if with_moments or max_norm_ratio:
         scanned = checked_pass(df, vector_col, id_col, d, sample, files)
         tally, median = scanned.tally, scanned.lengths.median()
         if with_moments:
-            state, drawn, reader = scanned.moments, scanned.drawn, scanned.reader
+            state, drawn, reader, lowest = scanned.moments, scanned.drawn, scanned.reader, scanned.lowest
         threshold = norm_limit(median, max_norm_ratio)
         if threshold is not None and scanned.lengths.maximum > threshold:  # else nothing more to read
             limit = threshold
@@ -290,7 +292,7 @@ def validate(
         if count
     ]
     if state is not None and set_aside:
-        state, drawn = corpus_moments(valid, vector_col, d), None
+        state, drawn, lowest = corpus_moments(valid, vector_col, d), None, None
         reader = f"{reader}; the moments again through Spark, without {' and '.join(set_aside)}"
     if valid.isEmpty() if state is None else state.n == 0:
         raise InvalidRowsError(f"no valid rows left in column {vector_col!r} after validation ({found.counts})")
@@ -301,6 +303,7 @@ def validate(
         invalid_by_reason=found.counts,
         moments=state,
         drawn=drawn,
+        lowest=lowest,
         reader=reader,
         median_length=median,
         max_norm=threshold,

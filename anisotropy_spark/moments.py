@@ -26,12 +26,12 @@ from anisotropy_core.moments import Moments
 from anisotropy_core.norms import LengthSketch
 
 from .contract import InvalidRowsError, Tally, check_batch
-from .row_sample import PartitionSampler, RowSample, rows_of_payloads
+from .row_sample import PartitionSampler, RowSample, lowest_by_hash, lowest_payload, rows_of_payloads, table_of_payload
 from .session import conf_int, task_partition
 from .table_files import TableFiles, pyarrow_or_spark
 from .tree_reduce import tree_reduce
 
-STATE_SCHEMA = "n long, payload binary, tally string, partition int, sample binary, lengths binary"
+STATE_SCHEMA = "n long, payload binary, tally string, partition int, sample binary, lengths binary, lowest binary"
 _ARROW_STATE_SCHEMA = pa.schema(
     [
         ("n", pa.int64()),
@@ -40,6 +40,7 @@ _ARROW_STATE_SCHEMA = pa.schema(
         ("partition", pa.int32()),
         ("sample", pa.binary()),
         ("lengths", pa.binary()),
+        ("lowest", pa.binary()),
     ]
 )
 
@@ -72,6 +73,7 @@ def fold_partition(
         "partition": partition,
         "sample": sampler.payload() if sampler else None,
         "lengths": lengths.to_bytes(),
+        "lowest": lowest_payload(sampler),
     }
 
 
@@ -96,6 +98,7 @@ class CheckedPass:
     drawn: pa.Table | None
     reader: str
     lengths: LengthSketch
+    lowest: pa.Table | None = None
 
 
 def checked_pass(
@@ -119,12 +122,13 @@ def checked_pass(
 
     def read_spark():
         return _merged(
-            df.select(*columns).mapInArrow(partition_moments(vector_col, id_col, dimension, sample), STATE_SCHEMA).rdd
+            df.select(*columns).mapInArrow(partition_moments(vector_col, id_col, dimension, sample), STATE_SCHEMA).rdd,
+            sample,
         )
 
     if files is None:
-        state, tally, drawn, lengths = read_spark()
-        return CheckedPass(state, tally, drawn, "spark", lengths)
+        state, tally, drawn, lengths, lowest = read_spark()
+        return CheckedPass(state, tally, drawn, "spark", lengths, lowest)
 
     def read_files(found: TableFiles):
         spark = df.sparkSession
@@ -132,13 +136,14 @@ def checked_pass(
         return _merged(
             found.fold(
                 spark, columns, rows, lambda batches: fold_partition(batches, vector_col, id_col, dimension, sample)
-            )
+            ),
+            sample,
         )
 
-    (state, tally, drawn, lengths), reader = pyarrow_or_spark(
+    (state, tally, drawn, lengths, lowest), reader = pyarrow_or_spark(
         files, columns, read_files, read_spark, lambda result: result[0].n + result[1].total
     )
-    return CheckedPass(state, tally, drawn, reader, lengths)
+    return CheckedPass(state, tally, drawn, reader, lengths, lowest)
 
 
 def checked_moments(
@@ -163,21 +168,30 @@ def arrow_batch_rows(spark: SparkSession, dimension: int, item_bytes: int) -> in
     return min(records, by_bytes) if records > 0 else by_bytes
 
 
-def _merged(states: RDD) -> tuple[Moments, Tally, pa.Table | None, LengthSketch]:
+def _merged(
+    states: RDD, sample: RowSample | None = None
+) -> tuple[Moments, Tally, pa.Table | None, LengthSketch, pa.Table | None]:
     """The state rows of :func:`fold_partition` (Rows or dicts) merged by ``treeReduce`` → (Moments, Tally, the
-    drawn rows in partition order or None, LengthSketch)."""
-    state, tally, drawn, lengths = tree_reduce(
+    drawn rows in partition order or None, LengthSketch, the ``sample.lowest`` rows of smallest id hash or None:
+    merged at every level, so the driver holds at most that many)."""
+    size, id_col = (sample.lowest, sample.id_col) if sample is not None and sample.id_col else (0, "")
+
+    def lowest(a: pa.Table | None, b: pa.Table | None) -> pa.Table | None:
+        return lowest_by_hash([a, b], size, id_col) if size else None
+
+    state, tally, drawn, lengths, kept = tree_reduce(
         states.map(
             lambda row: (
                 Moments.from_bytes(bytes(row["payload"])),
                 Tally.from_json(row["tally"]),
                 [(row["partition"], bytes(row["sample"]))] if row["sample"] is not None else [],
                 LengthSketch.from_bytes(bytes(row["lengths"])),
+                table_of_payload(None if row["lowest"] is None else bytes(row["lowest"])),
             )
         ),
-        lambda a, b: (a[0].merge(b[0]), a[1].merge(b[1]), a[2] + b[2], a[3].merge(b[3])),
+        lambda a, b: (a[0].merge(b[0]), a[1].merge(b[1]), a[2] + b[2], a[3].merge(b[3]), lowest(a[4], b[4])),
     )
-    return state, tally, rows_of_payloads([payload for _, payload in sorted(drawn)]), lengths
+    return state, tally, rows_of_payloads([payload for _, payload in sorted(drawn)]), lengths, kept
 
 
 def corpus_moments(df: DataFrame, vector_col: str, dimension: int) -> Moments:

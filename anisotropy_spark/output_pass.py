@@ -82,11 +82,16 @@ class OutputPass:
                     self.vector_col,
                 )[0]
             rows = np.flatnonzero(valid)
+            keys = (  # integer ids name the rows (ties by id, as the evaluation's top-k), else their place in the pass
+                ids.to_numpy(zero_copy_only=False)[rows].astype(np.int64)
+                if pa.types.is_integer(ids.type)
+                else row_ids(partition, read + rows)
+            )
             own = None
             if self.overlap is not None:
                 own = pc.index_in(ids.take(pa.array(rows)), value_set=self.overlap_ids).fill_null(-1)
                 own = own.to_numpy(zero_copy_only=False).astype(np.int64)
-            facts = facts.add(matrix, output, row_ids(partition, read + rows), self.overlap, own)
+            facts = facts.add(matrix, output, keys, self.overlap, own)
             read += batch.num_rows
         return read, facts
 

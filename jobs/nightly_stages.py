@@ -51,7 +51,7 @@ from anisotropy_spark.publish import (
     publish,
 )
 from anisotropy_spark.quarantine import DUPLICATE_ID
-from anisotropy_spark.row_sample import RowSample
+from anisotropy_spark.row_sample import RowSample, as_sample
 from anisotropy_spark.table_files import TableFiles, table_files
 from anisotropy_spark.worker_errors import worker_error
 from jobs import evaluation
@@ -285,14 +285,20 @@ def validate_input(ctx: NightlyContext, info: dict) -> None:
     of a duplicated id, in the pass that also merges the valid rows' moments for :func:`diagnose` (read by pyarrow
     from the data files where it can: ``vector_reader``, :mod:`anisotropy_spark.table_files`); see
     :func:`anisotropy_spark.io.validate`. With metadata or label columns that pass also draws the uniform sample
-    of ``sample_size`` rows (with those columns) the artefact test runs on."""
+    of ``sample_size`` rows (with those columns) the artefact test runs on; on a label-free night it also keeps the
+    ``neighbour_sample`` valid rows of smallest ``xxhash64(id, seed)`` (integer ids), the neighbour-overlap check's
+    queries (:mod:`anisotropy_spark.row_sample`: the rows a sample query of their own would choose)."""
     config, table = ctx.config, ctx.table
     total = table.input_df.count()  # Delta answers from its file statistics; sizes the sample
     files, planned = table_files(
         ctx.spark, table.input_df, table.ref.path, table.ref.format, config.vector_col, total, config.vector_reader
     )
-    columns = sample_columns(config)
-    drawn = RowSample(config.sample_size, total, columns=tuple(columns)) if columns or config.mixture_check else None
+    columns, lowest = sampled_columns(config), 0 if labelled(config) else config.neighbour_sample
+    drawn = (
+        RowSample(config.sample_size, total, columns=tuple(columns), lowest=lowest, id_col=config.id_col)
+        if columns or config.mixture_check or lowest
+        else None
+    )
     table.files = files
     checked = table.checked = validate(
         as_vector_array(table.input_df, config.vector_col),
@@ -322,22 +328,21 @@ def diagnose(ctx: NightlyContext, info: dict) -> None:
     config, rec, table, findings = ctx.config, ctx.record, ctx.table, ctx.findings
     d = table.checked.dimension
     report = findings.report = diagnose_moments(table.moments)
-    columns, drawn_columns = sampled_columns(config), sample_columns(config)
+    columns = sampled_columns(config)
     info["rows"] = rec.counts.valid_rows = report.n
     rec.input_metrics = report.scalars()
     check_against_data(config, report.n, d, config.method)
-    if drawn_columns or config.mixture_check:
+    if columns or config.mixture_check:
         (vectors, values), info["sample_source"] = drawn_or_sampled(
-            table.checked.drawn, table.valid, config.vector_col, d, drawn_columns, config.sample_size, report.n
+            table.checked.drawn, table.valid, config.vector_col, d, columns, config.sample_size, report.n
         )
         info["sample_rows"] = int(vectors.shape[0])
-    if not labelled(config):
-        keep = np.sort(
-            np.random.default_rng(config.seed).choice(
-                vectors.shape[0], size=min(config.neighbour_sample, vectors.shape[0]), replace=False
-            )
+    lowest = table.checked.lowest
+    if not labelled(config) and lowest is not None and lowest.num_rows == min(config.neighbour_sample, report.n):
+        table.overlap_rows = (
+            lowest.column(config.id_col).combine_chunks(),
+            as_sample(lowest, config.vector_col, d, [])[0],
         )
-        table.overlap_rows = pa.array(values[config.id_col][keep]), vectors[keep]
     if columns:
         findings.artefact = artefact_of_sample(
             vectors,
@@ -479,14 +484,6 @@ def evaluate(ctx: NightlyContext, info: dict) -> None:
     state.method, state.chosen_params = candidate_fit(
         candidate.family, state.chosen_transform, list(candidate.directions), config, findings.recommendation
     )
-
-
-def sample_columns(config: NightlyConfig) -> list[str]:
-    """The columns the validation pass draws with the sample's vectors: the artefact test's
-    (:func:`jobs.diagnose.sampled_columns`) and, on a label-free night, the id column: the neighbour-overlap check
-    queries with ``neighbour_sample`` of the sampled rows, each excluding its own row."""
-    columns = sampled_columns(config)
-    return columns if labelled(config) else list(dict.fromkeys(columns + [config.id_col]))
 
 
 def labelled(config: NightlyConfig) -> bool:
@@ -805,8 +802,8 @@ def quality_gate(ctx: NightlyContext, settings: EvaluationConfig) -> list[str]:
 def neighbour_gate(ctx: NightlyContext) -> list[str]:
     """The mean overlap of each sampled corpus row's raw top-k with its corrected top-k (own row excluded), from
     the evaluation pass or a full rebuild's output pass when one measured it, carried over from the last publish on a
-    summed incremental night (the same transform, only appended rows: ``carried_from`` names the run that measured
-    it), else one pass now; recorded as ``neighbour_overlap`` and refused
+    summed incremental night (the same transform, only appended rows: ``neighbour_overlap_from`` names the run that
+    measured it), else one pass now; recorded as ``neighbour_overlap`` and refused
     below ``min_neighbour_overlap``. Returns the problem (empty when it passes)."""
     config, out, previous = ctx.config, ctx.output, ctx.output.previous
     carried = previous.neighbour_overlap if previous is not None else None
@@ -815,8 +812,8 @@ def neighbour_gate(ctx: NightlyContext) -> list[str]:
             carried,
             min=config.min_neighbour_overlap,
             passes=carried.mean >= config.min_neighbour_overlap,
-            carried_from=carried.carried_from or previous.run_id,
         )
+        ctx.record.neighbour_overlap_from = previous.neighbour_overlap_from or previous.run_id
         out.neighbour_overlap = carried.mean
         return [] if ctx.record.neighbour_overlap.passes else [overlap_problem(config, carried.mean)]
     if out.neighbour_overlap is None:

@@ -131,15 +131,13 @@ class Applied:
 @dataclasses.dataclass
 class NeighbourOverlap:
     """The neighbour gate: the ``mean`` share of each sampled row's raw top-``k`` kept by the correction over
-    ``rows`` sampled rows, the ``min`` it must reach, and whether it ``passes``; ``carried_from``: the run that
-    measured it, when an incremental night (the same transform, only appended rows) carries its measure over."""
+    ``rows`` sampled rows, the ``min`` it must reach, and whether it ``passes``."""
 
     mean: float
     k: int
     rows: int
     min: float
     passes: bool
-    carried_from: str | None = None
 
 
 @dataclasses.dataclass
@@ -166,7 +164,8 @@ class RunRecord:
     valid input / the would-be output); ``artefact`` (the artefact test, None without metadata or label columns);
     ``clusters`` (the mixture check, or why it was skipped); ``recommendation``; ``evidence`` (``labelled`` |
     ``label_free``); ``evaluation`` (the held-out evaluation or the quality gate's record); ``applied``;
-    ``neighbour_overlap``; ``output_sums`` (:class:`OutputSums` of the would-be output); ``index`` (:func:`jobs.index.index_stage`'s record); ``found_by`` (a killed run: the run
+    ``neighbour_overlap``; ``neighbour_overlap_from`` (the run that measured it, when an incremental night with the
+    same transform and only appended rows carries it over; None: measured by this run); ``output_sums`` (:class:`OutputSums` of the would-be output); ``index`` (:func:`jobs.index.index_stage`'s record); ``found_by`` (a killed run: the run
     that found it dead).
     """
 
@@ -194,6 +193,7 @@ class RunRecord:
     evaluation: dict[str, Any] | None = None
     applied: Applied | None = None
     neighbour_overlap: NeighbourOverlap | None = None
+    neighbour_overlap_from: str | None = None
     output_sums: OutputSums | None = None
     index: dict[str, Any] | None = None
     found_by: str | None = None

@@ -440,7 +440,7 @@ def test_the_summed_incremental_night_gates_on_what_a_pass_over_the_output_measu
     assert nightly.main(["--conf", conf]) == 0
     first = record(tmp_path)
     assert first["mode"] == "full" and first["output_sums"]["rows"] == N
-    assert first["neighbour_overlap"]["carried_from"] is None and first["neighbour_overlap"]["rows"] <= N
+    assert first["neighbour_overlap_from"] is None and first["neighbour_overlap"]["rows"] <= N
     measured = diagnose_dataframe(spark.read.format("delta").load(output), "vector", D).scalars()
     for key, value in measured.items():
         if key not in skip:
@@ -451,7 +451,7 @@ def test_the_summed_incremental_night_gates_on_what_a_pass_over_the_output_measu
     second = record(tmp_path, "published")
     assert second["mode"] == "incremental" and second["counts"]["rows_written"] == 20
     assert second["counts"]["output_rows"] == second["output_sums"]["rows"] == N + 20
-    assert second["neighbour_overlap"]["carried_from"] == first["run_id"]
+    assert second["neighbour_overlap_from"] == first["run_id"]
     assert stage(second, "diagnose_output")["rows"] == N + 20
     measured = diagnose_dataframe(spark.read.format("delta").load(output), "vector", D).scalars()
     for key, value in measured.items():
