@@ -52,7 +52,7 @@ from anisotropy_spark.publish import (
 )
 from anisotropy_spark.quarantine import DUPLICATE_ID
 from anisotropy_spark.row_sample import RowSample, as_sample
-from anisotropy_spark.table_files import TableFiles, table_files
+from anisotropy_spark.table_files import FileLayoutError, TableFiles, table_files
 from anisotropy_spark.worker_errors import worker_error
 from jobs import evaluation
 from jobs.columns import VERSION_COLUMN
@@ -859,7 +859,10 @@ def reject_fit(ctx: NightlyContext, reason: str) -> None:
 def publish_output(ctx: NightlyContext, info: dict) -> None:
     """ONE Delta commit with the run's metadata; see :func:`anisotropy_spark.publish.publish`. A full rebuild is
     :func:`written_rows`, written as at most ``output_files`` data files (:mod:`anisotropy_spark.output_files`;
-    ``counts.output_files``)."""
+    ``counts.output_files``). A data file pyarrow cannot read as the table's columns (e.g. one written before a
+    column was added; the output pass reads the vector and id only) fails that write, so nothing is committed, and
+    the rows are written again through Spark's scan (``info["reader"]`` says which read them), as the apply job
+    does."""
     config, rec, out, current = ctx.config, ctx.record, ctx.output, ctx.table.output_state
     meta = {
         "run_id": rec.run_id,
@@ -874,11 +877,25 @@ def publish_output(ctx: NightlyContext, info: dict) -> None:
     }
     target = PublishTarget(config.output, config.id_col, config.app_id)
     candidate = out.candidate
-    if out.new_rows is None:
-        files = required(out.files, "the apply stage counted no output files")
-        candidate = written_rows(ctx).coalesce(files)
-        rec.counts.output_files = files
-    rec.output.version = publish(ctx.spark, target, candidate, out.new_rows, meta, current.version)
+    if out.new_rows is not None:
+        rec.output.version = publish(ctx.spark, target, candidate, out.new_rows, meta, current.version)
+        rec.status = "published"
+        return
+    files = required(out.files, "the apply stage counted no output files")
+    rec.counts.output_files = files
+    unreadable = None
+    try:
+        rec.output.version = publish(ctx.spark, target, written_rows(ctx).coalesce(files), None, meta, current.version)
+    except Exception as exc:  # noqa: BLE001 — only a data file pyarrow cannot read is retried
+        found = worker_error(exc)
+        if out.reader != "pyarrow" or not isinstance(found, FileLayoutError):
+            raise
+        unreadable = found.reason
+    if unreadable is not None:  # outside the handler: the retry's own errors carry no trace of the first write's
+        log.warning("the write reads through Spark's scan instead of pyarrow: %s", unreadable)
+        out.reader = f"spark ({unreadable})"
+        rec.output.version = publish(ctx.spark, target, written_rows(ctx).coalesce(files), None, meta, current.version)
+    info["reader"] = out.reader if ctx.fit.model is not None else "spark"
     rec.status = "published"
 
 
