@@ -27,6 +27,16 @@ def _rotate_left(x: np.ndarray, bits: int) -> np.ndarray:
     return (x << np.uint64(bits)) | (x >> np.uint64(64 - bits))
 
 
+def _avalanche(h: np.ndarray) -> np.ndarray:
+    """XXH64's final mix (Spark's ``XXH64.fmix``) of uint64 states ``h``."""
+    with np.errstate(over="ignore"):
+        h = h ^ (h >> np.uint64(33))
+        h = h * _PRIME_2
+        h = h ^ (h >> np.uint64(29))
+        h = h * _PRIME_3
+        return h ^ (h >> np.uint64(32))
+
+
 def xxhash64_long(values: np.ndarray, seed: np.ndarray | np.uint64) -> np.ndarray:
     """(m,) uint64 XXH64 of 8-byte values ``values`` (m,) (int64 or uint64) from ``seed`` (a uint64, or (m,)):
     what Spark's ``XXH64.hashLong`` returns, as unsigned bits."""
@@ -34,12 +44,7 @@ def xxhash64_long(values: np.ndarray, seed: np.ndarray | np.uint64) -> np.ndarra
     with np.errstate(over="ignore"):
         h = np.asarray(seed, dtype=np.uint64) + _PRIME_5 + np.uint64(8)
         h = h ^ (_rotate_left(v * _PRIME_2, 31) * _PRIME_1)
-        h = _rotate_left(h, 27) * _PRIME_1 + _PRIME_4
-        h = h ^ (h >> np.uint64(33))
-        h = h * _PRIME_2
-        h = h ^ (h >> np.uint64(29))
-        h = h * _PRIME_3
-        return h ^ (h >> np.uint64(32))
+        return _avalanche(_rotate_left(h, 27) * _PRIME_1 + _PRIME_4)
 
 
 def xxhash64_int(values: np.ndarray, seed: np.ndarray | np.uint64) -> np.ndarray:
@@ -48,12 +53,7 @@ def xxhash64_int(values: np.ndarray, seed: np.ndarray | np.uint64) -> np.ndarray
     with np.errstate(over="ignore"):
         h = np.asarray(seed, dtype=np.uint64) + _PRIME_5 + np.uint64(4)
         h = h ^ (v * _PRIME_1)
-        h = _rotate_left(h, 23) * _PRIME_2 + _PRIME_3
-        h = h ^ (h >> np.uint64(33))
-        h = h * _PRIME_2
-        h = h ^ (h >> np.uint64(29))
-        h = h * _PRIME_3
-        return h ^ (h >> np.uint64(32))
+        return _avalanche(_rotate_left(h, 23) * _PRIME_2 + _PRIME_3)
 
 
 def id_seed_hash(ids: np.ndarray, seed: int) -> np.ndarray:
